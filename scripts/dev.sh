@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: installs what kvtether needs, then runs it.
+#
+#   scripts/dev.sh demo   # install, then run the daemon and show how to inspect it
+#   scripts/dev.sh test   # install (test tools and Redis too), then lint + the whole suite
+#
+# Idempotent: a second run only checks what is already there.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${KVTETHER_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+PYTHON_BIN="${PYTHON:-python3}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_venv() {
+  if [ ! -x "$PY" ]; then
+    say "creating $VENV"
+    "$PYTHON_BIN" -m venv "$VENV"
+    "$PY" -m pip install -q --upgrade pip
+  fi
+  # Reinstall only when the project's metadata changed since the last install.
+  local stamp="$VENV/.kvtether-installed"
+  local want
+  want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$1"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing kvtether ($1) into $VENV"
+    "$PY" -m pip install -q -e ".[$1]"
+    echo "$want" > "$stamp"
+  fi
+}
+
+ensure_redis_server() {
+  if command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_URL:-}" ]; then
+    return
+  fi
+  say "installing Debian's redis-server (tests start their own instances)"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  # The package may start a system instance; the tests do not use it.
+}
+
+case "${1:-}" in
+  demo)
+    ensure_venv dev
+    shift
+    exec "$PY" -m sidecar.demo "$@"
+    ;;
+  test)
+    ensure_venv dev
+    ensure_redis_server
+    shift
+    say "checking generated stubs, lint and types"
+    "$PY" -m sidecar.api.generate --check
+    "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks
+    "$VENV/bin/mypy"
+    say "running the test suite"
+    exec "$PY" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: scripts/dev.sh demo|test [args]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,144 @@
+"""``kvtether``: run the daemon and inspect it.
+
+    kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...] ...
+    kvtether inspect [--address HOST:PORT] policy|jobs|job ID|pins|tools|explain ID|watch
+    kvtether policies
+
+Every configuration problem ends the process with one line on stderr naming it and
+exit code 2; a daemon that cannot reach its Redis exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_CONFIG = 2
+EXIT_UNAVAILABLE = 3
+
+
+def _param(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    # YAML scalars: 2 → int, 2.5 → float, true → bool, cdf → str.
+    return key, yaml.safe_load(value) if value else value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvtether", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the policy daemon")
+    serve.add_argument("--config", type=Path, help="YAML configuration file")
+    serve.add_argument("--policy", help="policy name (see `kvtether policies`)")
+    serve.add_argument("--param", type=_param, action="append", default=[],
+                       metavar="KEY=VALUE", help="a policy parameter (repeatable)")
+    serve.add_argument("--listen", help="gRPC host:port ('' disables TCP)")
+    serve.add_argument("--unix-socket", help="also serve gRPC on this Unix socket path")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus port (0 = any, -1 = off)")
+    serve.add_argument("--metrics-host", help="Prometheus bind address")
+    serve.add_argument("--redis-url", help="redis://host:port/db (default: embedded store)")
+    serve.add_argument("--grace-s", type=float, help="seconds in-flight calls get on SIGTERM")
+    serve.add_argument("--log-level", help="debug, info, warning or error")
+    serve.add_argument("--check", action="store_true",
+                       help="validate the configuration and the policy, then exit")
+
+    inspect = commands.add_parser("inspect", help="print the daemon's state as tables")
+    inspect.add_argument("--address", default="127.0.0.1:50051",
+                         help="daemon address, host:port or unix:PATH")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    inspect.add_argument("--timeout-s", type=float, default=5.0)
+    inspect.add_argument("what", choices=["policy", "jobs", "job", "pins", "tools", "explain",
+                                          "watch"])
+    inspect.add_argument("id", nargs="?", help="job id (job) or request id (explain)")
+
+    commands.add_parser("policies", help="list the registered policies and their parameters")
+    return parser
+
+
+def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
+    flags: dict[str, Any] = {}
+
+    def put(path: str, value: Any) -> None:
+        if value is None:
+            return
+        node = flags
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    put("policy.name", args.policy)
+    if args.param:
+        put("policy.params", dict(args.param))
+    put("listen.tcp", args.listen)
+    put("listen.unix_socket", args.unix_socket)
+    put("metrics.port", args.metrics_port)
+    put("metrics.host", args.metrics_host)
+    put("store.redis_url", args.redis_url)
+    put("grace_s", args.grace_s)
+    put("log_level", args.log_level)
+    return flags
+
+
+def _fail(message: str, code: int = EXIT_CONFIG) -> int:
+    print(f"kvtether: error: {message}", file=sys.stderr)
+    return code
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from sidecar.config import ConfigError, load_config
+    from sidecar.policies.registry import PolicyConfigError, build_policy
+    from sidecar.store import StoreError
+    from sidecar.telemetry.logging import configure_logging
+
+    try:
+        config = load_config(args.config, _serve_flags(args))
+        build_policy(config.policy.name, config.policy.params)
+    except (ConfigError, PolicyConfigError) as error:
+        return _fail(str(error))
+    if args.check:
+        print(f"configuration ok: policy {config.policy.name}")
+        return 0
+    configure_logging(config.log_level)
+    from sidecar.server.app import serve
+
+    try:
+        asyncio.run(serve(config))
+    except StoreError as error:
+        return _fail(f"store: {error}", EXIT_UNAVAILABLE)
+    except OSError as error:
+        return _fail(f"listen: {error}", EXIT_UNAVAILABLE)
+    return 0
+
+
+def _run_policies() -> int:
+    from sidecar.policies.registry import available_policies, build_policy, policy_parameters
+
+    for name in available_policies():
+        params = policy_parameters(build_policy(name, {}))
+        rendered = ", ".join(f"{key}={value!r}" for key, value in params.items()) or "-"
+        print(f"{name}: {rendered}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _run_serve(args)
+    if args.command == "policies":
+        return _run_policies()
+    from sidecar.inspect_cli import run_inspect
+
+    return run_inspect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Daemon configuration: load → complete → validate, then log it (llm-d sidecar style).
+
+Sources, later ones winning: built-in defaults < YAML file (``--config``) <
+``KVTETHER_*`` environment (nested with ``__``, e.g. ``KVTETHER_POLICY__NAME``) <
+command-line flags. Anything wrong stops the daemon at start-up with one line naming
+the problem (:class:`ConfigError`); nothing is silently replaced by a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+ENV_PREFIX = "KVTETHER_"
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line naming the problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyConfig(_Section):
+    name: str = Field("continuum", description="Registered policy name (see `kvtether policies`).")
+    params: dict[str, Any] = Field(default_factory=dict, description="The policy's parameters.")
+
+
+class ListenConfig(_Section):
+    # host:port for gRPC over TCP; empty disables TCP.
+    tcp: str = "127.0.0.1:50051"
+    # Path of a Unix socket for gRPC; empty disables it.
+    unix_socket: str = ""
+
+    @field_validator("tcp")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError(f"expected host:port, got {value!r}")
+        return value
+
+
+class MetricsConfig(_Section):
+    host: str = "127.0.0.1"
+    # Port of the Prometheus /metrics endpoint; 0 picks a free port, -1 disables it.
+    port: int = Field(9400, ge=-1, le=65535)
+
+
+class StoreConfig(_Section):
+    # redis://[user:password@]host:port/db; unset runs on the embedded store.
+    redis_url: str | None = None
+    timeout_s: float = Field(2.0, gt=0)
+    # Per-job history: newest events kept, and how long an idle job's history lives.
+    history_max_events: int = Field(256, ge=1)
+    history_ttl_s: float = Field(24 * 3600.0, gt=0)
+    # Tool-time statistics live this long after their last update.
+    tool_stats_ttl_s: float = Field(7 * 24 * 3600.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
+        return value or None
+
+
+class DaemonConfig(BaseSettings):
+    """Everything `kvtether serve` needs; every field has a working default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    policy: PolicyConfig = PolicyConfig()
+    listen: ListenConfig = ListenConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    store: StoreConfig = StoreConfig()
+    # SIGTERM: health flips to NOT_SERVING, then in-flight calls get this long to finish.
+    grace_s: float = Field(5.0, ge=0)
+    log_level: str = "info"
+    # Most jobs tracked in memory; the least recently active are forgotten first.
+    max_jobs_tracked: int = Field(100_000, ge=1)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError(f"expected debug, info, warning or error, got {value!r}")
+        return value.lower()
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"config file {path}: {error.strerror or error}") from error
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        raise ConfigError(f"config file {path}{where}: malformed YAML: {problem}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown setting"
+    return f"{where}: {message}"
+
+
+def load_config(path: Path | None = None, flags: Mapping[str, Any] | None = None) -> DaemonConfig:
+    """Load and validate; raise ConfigError with one line naming the first problem.
+
+    The policy name and parameters are validated separately by
+    ``sidecar.policies.registry.build_policy`` when the daemon starts, and the Redis
+    URL by connecting to it: both stop the daemon with one line too.
+    """
+    file_values = _read_yaml(path) if path is not None else {}
+
+    class _Loaded(DaemonConfig):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            # First wins, deep-merged: flags, then KVTETHER_* environment, then the file.
+            return (
+                init_settings,
+                env_settings,
+                InitSettingsSource(settings_cls, init_kwargs=file_values),
+            )
+
+    try:
+        return _Loaded(**dict(flags or {}))
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from error
+    except SettingsError as error:
+        raise ConfigError(f"environment: {error}") from error
+
+
+def as_log_fields(config: DaemonConfig) -> dict[str, Any]:
+    """Flat key-values for the start-up log line, with secrets redacted."""
+    from sidecar.store.redis_store import _redact
+
+    fields: dict[str, Any] = {}
+    for section, values in config.model_dump().items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                fields[f"{section}.{key}"] = value
+        else:
+            fields[section] = values
+    if fields.get("store.redis_url"):
+        fields["store.redis_url"] = _redact(fields["store.redis_url"])
+    return fields

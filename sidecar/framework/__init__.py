@@ -1,0 +1,49 @@
+"""Contracts between the kvtether runtime and its policies.
+
+Protocols and frozen dataclasses only: no gRPC, no Redis, no runtime imports
+(``tests/unit/test_layering.py`` checks this).
+"""
+
+from sidecar.framework.protocols import (
+    FinishRetention,
+    PinExpiry,
+    Policy,
+    PressureRelief,
+    VictimOrder,
+    WaitingOrder,
+)
+from sidecar.framework.types import (
+    FinishInput,
+    JobView,
+    KvView,
+    Ordering,
+    PinRelease,
+    PinView,
+    RequestState,
+    RequestView,
+    RetainAction,
+    RetainDecision,
+    StepView,
+    ToolTimeDistribution,
+)
+
+__all__ = [
+    "FinishInput",
+    "FinishRetention",
+    "JobView",
+    "KvView",
+    "Ordering",
+    "PinExpiry",
+    "PinRelease",
+    "PinView",
+    "Policy",
+    "PressureRelief",
+    "RequestState",
+    "RequestView",
+    "RetainAction",
+    "RetainDecision",
+    "StepView",
+    "ToolTimeDistribution",
+    "VictimOrder",
+    "WaitingOrder",
+]

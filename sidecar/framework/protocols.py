@@ -1,0 +1,63 @@
+"""One small interface per extension point, in the spirit of Kubernetes' scheduling
+framework (QueueSort / Filter / Score / Reserve): a policy implements the one to
+three it cares about and inherits vLLM's behaviour for the rest from
+``sidecar.policies.base.NativePolicy``.
+
+Contracts shared by every hook:
+- called on the daemon's decision path: pure and fast, no I/O, no store access;
+- inputs are frozen plain data (``sidecar.framework.types``);
+- releasing a pin that is already released is harmless (idempotent).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from sidecar.framework.types import FinishInput, Ordering, PinRelease, RetainDecision, StepView
+
+
+@runtime_checkable
+class WaitingOrder(Protocol):
+    def order_waiting(self, step: StepView) -> Ordering:
+        """Waiting request ids, first to be admitted first. Must be a permutation of
+        ``step.waiting``; the runtime maps positions onto vLLM's ``Request.priority``."""
+        ...
+
+
+@runtime_checkable
+class VictimOrder(Protocol):
+    def order_victims(self, step: StepView) -> Ordering:
+        """Running request ids, first to be preempted first, when the engine runs out
+        of KV blocks. Must be a permutation of ``step.running``."""
+        ...
+
+
+@runtime_checkable
+class FinishRetention(Protocol):
+    def on_finish(self, finished: FinishInput) -> RetainDecision:
+        """What to do with a finished request's KV blocks: pin for a TTL, release
+        them at once, or release them at a retention priority."""
+        ...
+
+
+@runtime_checkable
+class PressureRelief(Protocol):
+    def release_under_pressure(self, step: StepView) -> PinRelease:
+        """Pins to give up because memory is short (e.g. Continuum's steal when at most
+        one request runs). Called every step; return no ids when nothing is short."""
+        ...
+
+
+@runtime_checkable
+class PinExpiry(Protocol):
+    def expire(self, step: StepView) -> PinRelease:
+        """Pins whose time is up at ``step.now_s``. Called every step."""
+        ...
+
+
+@runtime_checkable
+class Policy(WaitingOrder, VictimOrder, FinishRetention, PressureRelief, PinExpiry, Protocol):
+    """A complete policy: every extension point. Build one by subclassing
+    ``NativePolicy`` and overriding the hooks that differ from vLLM."""
+
+    name: str

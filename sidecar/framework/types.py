@@ -1,0 +1,204 @@
+"""Plain, frozen data that flows into and out of policies.
+
+Contract: nothing in this module (or anywhere under ``sidecar.framework``) imports
+gRPC, Redis or the runtime. Policies receive these values from the runtime and
+return these values to it; they never reach for the store or the network.
+
+Times are seconds on the *engine's* clock (``now_s``), as carried by each step
+report, never the daemon's wall clock: that keeps decisions deterministic in the
+digital twin and correct when the engine and daemon clocks disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One live (waiting or running) request as the engine last reported it."""
+
+    request_id: str
+    job_id: str
+    is_last_step: bool
+    arrival_s: float
+    prompt_tokens: int
+    state: RequestState
+    # Tokens whose KV is already computed (prefix-cache hit or progress so far).
+    computed_tokens: int = 0
+    # Tool name the client or an orchestrator announced for this turn, if any.
+    tool_hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PinView:
+    """KV blocks of a finished request that the engine keeps for its job."""
+
+    request_id: str
+    job_id: str
+    blocks: int
+    pinned_at_s: float
+    expires_at_s: float
+    tool: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KvView:
+    total_blocks: int
+    free_blocks: int
+    block_size_tokens: int
+
+    @property
+    def used_fraction(self) -> float:
+        """Share of the KV cache in use, in [0, 1]."""
+        if self.total_blocks <= 0:
+            return 0.0
+        return 1.0 - self.free_blocks / self.total_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the daemon knows about a job, summarised for policies."""
+
+    job_id: str
+    # Arrival of the job's first request seen by this daemon (job-level FCFS key).
+    first_arrival_s: float
+    turns_finished: int = 0
+    # Departure time and tool of the most recent finished turn, if any.
+    last_departure_s: float | None = None
+    last_tool: str | None = None
+    # Requests of the job that arrived and have not finished yet (several when an
+    # agent fans out); 0 between turns.
+    requests_in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolTimeDistribution:
+    """Empirical distribution of one tool's durations (seconds), from a log-bucket sketch.
+
+    ``bucket_counts`` maps a bucket index ``i`` to the number of samples whose duration
+    ``d`` satisfies ``gamma**(i-1) < d <= gamma**i``. Quantiles are accurate to the
+    sketch's relative accuracy ``(gamma - 1) / (gamma + 1)``.
+    """
+
+    tool: str
+    count: int
+    mean_log_s: float
+    var_log_s: float
+    gamma: float
+    bucket_counts: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def mean_s(self) -> float:
+        """Mean duration estimated from the log-normal moments."""
+        if self.count == 0:
+            return math.nan
+        return math.exp(self.mean_log_s + self.var_log_s / 2.0)
+
+    def probability_within(self, tau_s: float) -> float:
+        """P(duration <= tau_s), in [0, 1]; NaN with no samples."""
+        if self.count == 0:
+            return math.nan
+        if tau_s <= 0:
+            return 0.0
+        limit = math.ceil(math.log(tau_s) / math.log(self.gamma) - 1e-12)
+        below = sum(n for i, n in self.bucket_counts.items() if i <= limit)
+        return below / self.count
+
+    def quantile(self, q: float) -> float:
+        """Smallest bucket value v with P(duration <= v) >= q; NaN with no samples."""
+        if self.count == 0:
+            return math.nan
+        q = min(max(q, 0.0), 1.0)
+        target = q * self.count
+        seen = 0
+        for index in sorted(self.bucket_counts):
+            seen += self.bucket_counts[index]
+            if seen >= target:
+                # Representative value of the bucket: its geometric midpoint.
+                return 2.0 * self.gamma**index / (self.gamma + 1.0)
+        return 2.0 * self.gamma ** max(self.bucket_counts) / (self.gamma + 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """Everything a policy may look at when deciding one engine step."""
+
+    engine_id: str
+    now_s: float
+    kv: KvView
+    waiting: Sequence[RequestView]
+    running: Sequence[RequestView]
+    pins: Sequence[PinView]
+    jobs: Mapping[str, JobView]
+
+
+@dataclass(frozen=True, slots=True)
+class FinishInput:
+    """A request has finished; the policy decides what happens to its KV blocks."""
+
+    step: StepView
+    request: RequestView
+    output_tokens: int
+    # KV blocks the finished request holds.
+    blocks: int
+    # Tool the turn ended with (client hint wins over parsing), if any.
+    tool: str | None
+    # Measured distribution of that tool, and of all tools (cold-start fallback).
+    tool_times: ToolTimeDistribution | None
+    global_tool_times: ToolTimeDistribution | None
+
+
+class RetainAction(enum.Enum):
+    RELEASE = "release"  # free the blocks at once (vLLM's behaviour)
+    PIN = "pin"  # keep the blocks out of the free queue for ttl_s
+    SOFT_RETAIN = "soft_retain"  # free them, but at a retention priority
+
+
+@dataclass(frozen=True, slots=True)
+class RetainDecision:
+    action: RetainAction
+    ttl_s: float = 0.0
+    # Eviction priority 0-100 for SOFT_RETAIN (higher is evicted later).
+    retention_priority: int | None = None
+    # Human-readable rule that produced this decision (shown by Explain).
+    reason: str = ""
+    # Request ids of *other* pins the runtime releases when it applies this decision,
+    # e.g. the job's older pin that this finish supersedes (Continuum: "a job's new
+    # finish replaces its old pin"). Never contains the finished request itself;
+    # releasing an id that is no longer pinned is harmless (idempotent).
+    release_pins: tuple[str, ...] = ()
+
+    @staticmethod
+    def release(reason: str, release_pins: tuple[str, ...] = ()) -> RetainDecision:
+        return RetainDecision(RetainAction.RELEASE, reason=reason, release_pins=release_pins)
+
+    @staticmethod
+    def pin(ttl_s: float, reason: str, release_pins: tuple[str, ...] = ()) -> RetainDecision:
+        return RetainDecision(
+            RetainAction.PIN, ttl_s=ttl_s, reason=reason, release_pins=release_pins
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """Request ids in order, with the rule that produced it (shown by Explain)."""
+
+    request_ids: Sequence[str]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PinRelease:
+    """Pins the policy wants released now."""
+
+    request_ids: Sequence[str]
+    reason: str = ""

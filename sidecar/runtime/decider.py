@@ -1,0 +1,255 @@
+"""Decide one engine step: run the policy hooks over the mirror, build the answer.
+
+Called on the daemon's event loop for every step report. No I/O here: the store
+writes a step causes (history events, tool-time samples) are handed to the
+:class:`~sidecar.runtime.recorder.Recorder`, which applies them in the background.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import inspect_pb2
+from sidecar.framework import (
+    FinishInput,
+    Ordering,
+    PinView,
+    Policy,
+    RequestView,
+    RetainAction,
+    StepView,
+)
+from sidecar.runtime.mirror import EngineMirror, ReportDelta
+from sidecar.runtime.priorities import assign_priorities
+from sidecar.runtime.recorder import Recorder
+
+
+@dataclass(slots=True)
+class EngineDecisionState:
+    """Per-engine memory of what was sent, so only changes are sent again."""
+
+    sent_priority: dict[str, int] = field(default_factory=dict)
+
+
+class DecisionLog:
+    """The last decision per request (for Explain) and a fan-out to live watchers."""
+
+    def __init__(self, max_requests: int = 50_000) -> None:
+        self._by_request: OrderedDict[str, inspect_pb2.DecisionRecord] = OrderedDict()
+        self._max_requests = max_requests
+        self.watchers: set[object] = set()
+
+    def add(self, record: inspect_pb2.DecisionRecord) -> None:
+        self._by_request[record.request_id] = record
+        self._by_request.move_to_end(record.request_id)
+        while len(self._by_request) > self._max_requests:
+            self._by_request.popitem(last=False)
+        for watcher in list(self.watchers):
+            watcher.offer(record)  # type: ignore[attr-defined]
+
+    def last(self, request_id: str) -> inspect_pb2.DecisionRecord | None:
+        return self._by_request.get(request_id)
+
+    def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
+        found = [r for r in reversed(self._by_request.values()) if r.job_id == job_id]
+        return found[:limit]
+
+
+class Decider:
+    def __init__(self, policy: Policy, recorder: Recorder, log: DecisionLog) -> None:
+        self.policy = policy
+        self.recorder = recorder
+        self.log = log
+        self._engines: dict[str, EngineDecisionState] = {}
+
+    def forget(self, engine_id: str) -> None:
+        self._engines.pop(engine_id, None)
+
+    def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
+        started_ns = time.perf_counter_ns()
+        state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
+        decision = pb.StepDecision(seq=seq, policy=self.policy.name)
+
+        for live in delta.arrived:
+            self.recorder.on_arrival(live.view())
+
+        step = self._step_view(mirror)
+        for finished in delta.finished:
+            state.sent_priority.pop(finished.request.request_id, None)
+            self._decide_finish(mirror, step, finished.request, finished.event, decision)
+            step = replace(step, pins=list(mirror.pins.values()))
+        if delta.finished:
+            step = self._step_view(mirror)  # the finished turns changed their jobs
+
+        for hook, kind in ((self.policy.expire, "expire"),
+                           (self.policy.release_under_pressure, "steal")):
+            release = hook(step)
+            released = False
+            for request_id in release.request_ids:
+                pin = mirror.pins.pop(request_id, None)
+                if pin is None:
+                    continue  # already released: harmless by contract
+                released = True
+                decision.pins.add(request_id=request_id, action=pb.PIN_ACTION_RELEASE)
+                self._record(mirror, seq, request_id, pin.job_id, kind, release.reason,
+                             {"blocks": pin.blocks, "expires_at_s": pin.expires_at_s})
+            if released:
+                step = replace(step, pins=list(mirror.pins.values()))
+        self._decide_priorities(mirror, step, state, decision)
+        decision.decide_us = (time.perf_counter_ns() - started_ns) // 1000
+        return decision
+
+    # --- pieces ----------------------------------------------------------------------
+    def _step_view(self, mirror: EngineMirror) -> StepView:
+        waiting = mirror.waiting()
+        running = mirror.running()
+        pins = list(mirror.pins.values())
+        tracker = self.recorder.tracker
+        jobs = tracker.views(r.job_id for r in waiting)
+        jobs.update(tracker.views(r.job_id for r in running))
+        jobs.update(tracker.views(pin.job_id for pin in pins))
+        return StepView(
+            engine_id=mirror.engine_id,
+            now_s=mirror.now_s,
+            kv=mirror.kv,
+            waiting=waiting,
+            running=running,
+            pins=pins,
+            jobs=jobs,
+        )
+
+    def _decide_finish(
+        self,
+        mirror: EngineMirror,
+        step: StepView,
+        request: RequestView,
+        event: pb.RequestEvent,
+        decision: pb.StepDecision,
+    ) -> None:
+        tool = request.tool_hint or event.tool or None  # the client's word wins
+        if event.finish_reason in (pb.FINISH_REASON_ABORT, pb.FINISH_REASON_ERROR):
+            self.recorder.on_abort(request, event.at_s)
+            # An aborted turn has no next turn to serve: never keep its blocks.
+            decision.pins.add(request_id=request.request_id, action=pb.PIN_ACTION_RELEASE)
+            self._record(mirror, decision.seq, request.request_id, request.job_id, "release",
+                         "aborted or failed request: blocks freed", {"tool": tool or ""})
+            return
+        self.recorder.on_finish(request, event.at_s, tool)
+        step = replace(step, jobs={**step.jobs, **self.recorder.tracker.views([request.job_id])})
+        estimator = self.recorder.estimator
+        finished = FinishInput(
+            step=step,
+            request=request,
+            output_tokens=event.output_tokens,
+            blocks=event.blocks,
+            tool=tool,
+            tool_times=estimator.distribution(tool) if tool else None,
+            global_tool_times=estimator.global_distribution(),
+        )
+        retain = self.policy.on_finish(finished)
+        for old in retain.release_pins:
+            pin = mirror.pins.pop(old, None)
+            if pin is not None:
+                decision.pins.add(request_id=old, action=pb.PIN_ACTION_RELEASE)
+                self._record(mirror, decision.seq, old, pin.job_id, "release",
+                             f"replaced by {request.request_id}: {retain.reason}", {})
+        inputs: dict[str, object] = {
+            "tool": tool or "",
+            "blocks": event.blocks,
+            "is_last_step": request.is_last_step,
+            "free_blocks": step.kv.free_blocks,
+            "total_blocks": step.kv.total_blocks,
+        }
+        if retain.action is RetainAction.PIN and retain.ttl_s > 0:
+            expires_at_s = mirror.now_s + retain.ttl_s
+            decision.pins.add(
+                request_id=request.request_id,
+                action=pb.PIN_ACTION_PIN,
+                expires_at_s=expires_at_s,
+            )
+            mirror.pins[request.request_id] = PinView(
+                request_id=request.request_id,
+                job_id=request.job_id,
+                blocks=event.blocks,
+                pinned_at_s=mirror.now_s,
+                expires_at_s=expires_at_s,
+                tool=tool,
+            )
+            self._record(mirror, decision.seq, request.request_id, request.job_id, "pin",
+                         retain.reason, {**inputs, "ttl_s": retain.ttl_s})
+            return
+        release = decision.pins.add(request_id=request.request_id,
+                                    action=pb.PIN_ACTION_RELEASE)
+        kind = "release"
+        if retain.action is RetainAction.SOFT_RETAIN and retain.retention_priority is not None:
+            release.retention_priority = retain.retention_priority
+            kind = "soft_retain"
+        self._record(mirror, decision.seq, request.request_id, request.job_id, kind,
+                     retain.reason, inputs)
+
+    def _decide_priorities(
+        self,
+        mirror: EngineMirror,
+        step: StepView,
+        state: EngineDecisionState,
+        decision: pb.StepDecision,
+    ) -> None:
+        waiting = self.policy.order_waiting(step)
+        victims = self.policy.order_victims(step)
+        waiting_order = _checked(waiting, step.waiting, "order_waiting")
+        victim_order = _checked(victims, step.running, "order_victims")
+        jobs = {r.request_id: r.job_id for r in step.waiting}
+        jobs.update((r.request_id, r.job_id) for r in step.running)
+        arrival = {r.request_id: r.arrival_s for r in step.waiting}
+        arrival.update((r.request_id, r.arrival_s) for r in step.running)
+        # Victims: vLLM preempts the running request with the *largest* key, so the
+        # first victim must end up last in increasing order.
+        for order, reason in ((waiting_order, waiting.reason),
+                              (list(reversed(victim_order)), victims.reason)):
+            changes = assign_priorities(order, arrival, state.sent_priority)
+            for request_id, priority in changes.items():
+                decision.priorities.add(request_id=request_id, priority=priority)
+                # Only changed priorities are recorded: a stable order costs nothing.
+                self._record(mirror, decision.seq, request_id, jobs[request_id], "priority",
+                             reason, {"priority": priority})
+            state.sent_priority.update(changes)
+
+    def _record(
+        self,
+        mirror: EngineMirror,
+        seq: int,
+        request_id: str,
+        job_id: str,
+        kind: str,
+        reason: str,
+        inputs: dict[str, object],
+    ) -> None:
+        self.log.add(
+            inspect_pb2.DecisionRecord(
+                engine_id=mirror.engine_id,
+                request_id=request_id,
+                job_id=job_id,
+                kind=kind,
+                reason=reason,
+                inputs={key: str(value) for key, value in inputs.items()},
+                at_s=mirror.now_s,
+                seq=seq,
+                policy=self.policy.name,
+            )
+        )
+
+
+class PolicyContractError(RuntimeError):
+    """A policy returned an order that is not a permutation of its input."""
+
+
+def _checked(ordering: Ordering, requests: Iterable[RequestView], hook: str) -> list[str]:
+    order = list(ordering.request_ids)
+    expected = {r.request_id for r in requests}
+    if len(order) != len(expected) or set(order) != expected:
+        raise PolicyContractError(f"{hook} must return a permutation of its requests")
+    return order

@@ -1,0 +1,126 @@
+"""The engine side of the daemon: sequence checking, mirrors, and one decision per report.
+
+Protocol (see proto/README.md): a session's first report is a snapshot; every other
+report carries ``seq = previous + 1``. A report the daemon cannot place — a delta for
+an engine it has no mirror of (daemon restarted, session moved) or a seq gap — is not
+decided on: the answer asks for a snapshot (``resync_requested``) and the engine
+keeps scheduling natively until it has sent one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.runtime.decider import Decider
+from sidecar.runtime.mirror import EngineMirror
+from sidecar.telemetry import metrics
+
+log = structlog.get_logger("kvtether.engines")
+
+# Far more than any engine holds; a larger report is malformed, not big.
+MAX_ITEMS_PER_REPORT = 65_536
+
+
+class InvalidReport(ValueError):
+    """A malformed report; ``field`` names the offending field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+def validate_report(report: pb.StepReport) -> None:
+    if not report.engine_id:
+        raise InvalidReport("engine_id", "must not be empty")
+    if report.seq == 0:
+        raise InvalidReport("seq", "must start at 1")
+    if report.now_s < 0 or report.now_s != report.now_s:
+        raise InvalidReport("now_s", "must be a non-negative number")
+    items = len(report.new_requests) + len(report.events) + len(report.pins)
+    if items > MAX_ITEMS_PER_REPORT:
+        raise InvalidReport("new_requests", f"{items} items exceed {MAX_ITEMS_PER_REPORT}")
+    if report.kv.free_blocks > report.kv.total_blocks:
+        raise InvalidReport("kv.free_blocks", "exceeds kv.total_blocks")
+    seen: set[str] = set()
+    for index, new in enumerate(report.new_requests):
+        if not new.request_id:
+            raise InvalidReport(f"new_requests[{index}].request_id", "must not be empty")
+        if new.request_id in seen:
+            raise InvalidReport(f"new_requests[{index}].request_id",
+                                f"duplicate id {new.request_id!r}")
+        seen.add(new.request_id)
+        if new.arrival_s < 0 or new.arrival_s != new.arrival_s:
+            raise InvalidReport(f"new_requests[{index}].arrival_s", "must be a non-negative number")
+    for index, event in enumerate(report.events):
+        if not event.request_id:
+            raise InvalidReport(f"events[{index}].request_id", "must not be empty")
+        if event.kind == pb.EVENT_KIND_UNSPECIFIED:
+            raise InvalidReport(f"events[{index}].kind", "must be set")
+    for index, pin in enumerate(report.pins):
+        if not pin.request_id:
+            raise InvalidReport(f"pins[{index}].request_id", "must not be empty")
+
+
+class EngineRegistry:
+    """Mirrors of the engines talking to this daemon, keyed by engine id."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+        self.mirrors: dict[str, EngineMirror] = {}
+        # Which session owns each engine's mirror: a stale session closing after the
+        # engine reconnected must not drop the new session's mirror.
+        self._owner: dict[str, object] = {}
+
+    def handle(self, report: pb.StepReport, session: object | None = None) -> pb.StepDecision:
+        """Validate, place and decide one report. Raises InvalidReport."""
+        started = time.perf_counter()
+        validate_report(report)
+        metrics.STEP_REPORTS.inc()
+        mirror = self.mirrors.get(report.engine_id)
+        if report.snapshot:
+            metrics.SNAPSHOTS.inc()
+            if mirror is None:
+                log.info("engine_connected", engine_id=report.engine_id, seq=report.seq)
+            mirror = EngineMirror(report.engine_id)
+            self.mirrors[report.engine_id] = mirror
+            self.decider.forget(report.engine_id)
+            if session is not None:
+                self._owner[report.engine_id] = session
+        elif mirror is None or report.seq != mirror.last_seq + 1:
+            metrics.RESYNCS_REQUESTED.inc()
+            log.info("resync_requested", engine_id=report.engine_id, seq=report.seq,
+                     expected=None if mirror is None else mirror.last_seq + 1)
+            return pb.StepDecision(seq=report.seq, resync_requested=True,
+                                   policy=self.decider.policy.name)
+        delta = mirror.apply(report)
+        decision = self.decider.decide(mirror, delta, report.seq)
+        self._count(decision, mirror)
+        metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
+        return decision
+
+    def disconnect(self, engine_id: str | None, session: object) -> None:
+        if engine_id is None or self._owner.get(engine_id) is not session:
+            return
+        del self._owner[engine_id]
+        if self.mirrors.pop(engine_id, None) is not None:
+            self.decider.forget(engine_id)
+            log.info("engine_disconnected", engine_id=engine_id)
+        self._update_pin_gauges()
+
+    def _count(self, decision: pb.StepDecision, mirror: EngineMirror) -> None:
+        if decision.priorities:
+            metrics.DECISIONS.labels("priority").inc(len(decision.priorities))
+        for pin in decision.pins:
+            metrics.DECISIONS.labels("pin" if pin.action == pb.PIN_ACTION_PIN else "release").inc()
+        metrics.ENGINE_FALLBACK_STEPS.labels(mirror.engine_id).set(
+            mirror.counters.fallback_steps)
+        if decision.pins:
+            self._update_pin_gauges()
+
+    def _update_pin_gauges(self) -> None:
+        metrics.PINS_ACTIVE.set(sum(len(m.pins) for m in self.mirrors.values()))
+        metrics.PINNED_BLOCKS.set(
+            sum(pin.blocks for m in self.mirrors.values() for pin in m.pins.values()))

@@ -1,0 +1,147 @@
+"""The daemon's in-memory mirror of one engine: live requests, pins, KV capacity.
+
+Built from the engine's step reports (a snapshot, then deltas) so that a decision
+needs no store round trip. Called from the daemon's event loop only.
+
+Contract for deltas (``sidecar.api`` EngineSession): a request appears once in
+``new_requests`` before any event names it; events for ids the mirror does not know
+are ignored (and counted), never fatal — an engine may report a request the daemon
+lost in a restart; the next snapshot repairs the view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.framework import KvView, PinView, RequestState, RequestView
+from sidecar.jobs import effective_job_id
+
+_STATE = {
+    pb.REQUEST_STATE_UNSPECIFIED: RequestState.WAITING,
+    pb.REQUEST_STATE_WAITING: RequestState.WAITING,
+    pb.REQUEST_STATE_RUNNING: RequestState.RUNNING,
+}
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    request_id: str
+    job_id: str
+    is_last_step: bool
+    arrival_s: float
+    prompt_tokens: int
+    state: RequestState
+    computed_tokens: int
+    tool_hint: str | None
+    blocks: int = 0
+    # The frozen view policies see, rebuilt only when the request changes.
+    _view: RequestView | None = None
+
+    def view(self) -> RequestView:
+        if self._view is None:
+            self._view = RequestView(
+                request_id=self.request_id,
+                job_id=self.job_id,
+                is_last_step=self.is_last_step,
+                arrival_s=self.arrival_s,
+                prompt_tokens=self.prompt_tokens,
+                state=self.state,
+                computed_tokens=self.computed_tokens,
+                tool_hint=self.tool_hint,
+            )
+        return self._view
+
+    def move_to(self, state: RequestState) -> None:
+        self.state = state
+        self._view = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request that finished in this report, with what the policy needs about it."""
+
+    request: RequestView
+    event: pb.RequestEvent
+
+
+@dataclass(slots=True)
+class ReportDelta:
+    """What one report changed, for the decider and the history writer."""
+
+    arrived: list[LiveRequest] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
+    unknown_ids: int = 0
+
+
+class EngineMirror:
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+        self.last_seq = 0
+        self.now_s = 0.0
+        self.kv = KvView(total_blocks=0, free_blocks=0, block_size_tokens=0)
+        self.requests: dict[str, LiveRequest] = {}
+        self.pins: dict[str, PinView] = {}
+        self.counters = pb.EngineCounters()
+
+    def apply(self, report: pb.StepReport) -> ReportDelta:
+        """Fold one report into the mirror. The caller checked its seq."""
+        if report.snapshot:
+            self.requests.clear()
+            self.pins.clear()
+        self.last_seq = report.seq
+        self.now_s = report.now_s
+        if report.HasField("kv"):
+            self.kv = KvView(
+                total_blocks=report.kv.total_blocks,
+                free_blocks=report.kv.free_blocks,
+                block_size_tokens=report.kv.block_size_tokens,
+            )
+        if report.HasField("counters"):
+            self.counters.CopyFrom(report.counters)
+        delta = ReportDelta()
+        for new in report.new_requests:
+            live = LiveRequest(
+                request_id=new.request_id,
+                job_id=effective_job_id(new.job_id, new.request_id),
+                is_last_step=new.is_last_step,
+                arrival_s=new.arrival_s,
+                prompt_tokens=new.prompt_tokens,
+                state=_STATE.get(new.state, RequestState.WAITING),
+                computed_tokens=new.computed_tokens,
+                tool_hint=new.tool_hint or None,
+            )
+            # A duplicate id replaces the old entry: the engine's word is the truth.
+            self.requests[new.request_id] = live
+            delta.arrived.append(live)
+        for pin in report.pins:
+            self.pins[pin.request_id] = PinView(
+                request_id=pin.request_id,
+                job_id=effective_job_id(pin.job_id, pin.request_id),
+                blocks=pin.blocks,
+                pinned_at_s=pin.pinned_at_s,
+                expires_at_s=pin.expires_at_s,
+                tool=pin.tool or None,
+            )
+        for event in report.events:
+            known = self.requests.get(event.request_id)
+            if known is None:
+                delta.unknown_ids += 1
+                continue
+            known.blocks = event.blocks
+            if event.kind == pb.EVENT_KIND_ADMITTED:
+                known.move_to(RequestState.RUNNING)
+            elif event.kind == pb.EVENT_KIND_PREEMPTED:
+                known.move_to(RequestState.WAITING)
+            elif event.kind == pb.EVENT_KIND_FINISHED:
+                del self.requests[event.request_id]
+                delta.finished.append(Finished(request=known.view(), event=event))
+        for request_id in report.released_pins:
+            self.pins.pop(request_id, None)
+        return delta
+
+    def waiting(self) -> list[RequestView]:
+        return [r.view() for r in self.requests.values() if r.state is RequestState.WAITING]
+
+    def running(self) -> list[RequestView]:
+        return [r.view() for r in self.requests.values() if r.state is RequestState.RUNNING]

@@ -1,0 +1,1 @@
+"""The daemon's gRPC services and process lifecycle."""

@@ -1,0 +1,158 @@
+"""The daemon process: build from config, serve gRPC and /metrics, stop gracefully.
+
+Lifecycle (grpc's own examples): start → health SERVING; SIGTERM/SIGINT → health
+NOT_SERVING first (so load balancers and probes stop sending), then
+``server.stop(grace_s)`` lets in-flight calls finish, then queued store writes are
+flushed, then exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from sidecar import __version__
+from sidecar.api.v1 import (
+    engine_session_pb2,
+    engine_session_pb2_grpc,
+    inspect_pb2,
+    inspect_pb2_grpc,
+    retention_pb2,
+    retention_pb2_grpc,
+)
+from sidecar.config import DaemonConfig, as_log_fields
+from sidecar.estimators import ToolTimeEstimator
+from sidecar.framework import Policy
+from sidecar.jobs import JobTracker
+from sidecar.policies.registry import build_policy
+from sidecar.runtime.decider import Decider, DecisionLog
+from sidecar.runtime.engines import EngineRegistry
+from sidecar.runtime.recorder import Recorder
+from sidecar.server.engine_session import EngineSessionService
+from sidecar.server.inspect import InspectService
+from sidecar.server.retention import RetentionService
+from sidecar.store import Store, open_store
+from sidecar.telemetry.metrics import REGISTRY
+
+log = structlog.get_logger("kvtether.daemon")
+
+SERVICE_NAMES = (
+    engine_session_pb2.DESCRIPTOR.services_by_name["EngineSession"].full_name,
+    retention_pb2.DESCRIPTOR.services_by_name["Retention"].full_name,
+    inspect_pb2.DESCRIPTOR.services_by_name["Inspect"].full_name,
+)
+# Decision messages carry hundreds of items at most; refuse anything far larger.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class Daemon:
+    config: DaemonConfig
+    policy: Policy
+    store: Store
+    engines: EngineRegistry
+    recorder: Recorder
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    addresses: list[str] = field(default_factory=list)
+    metrics_port: int | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def build(cls, config: DaemonConfig) -> Daemon:
+        """Everything that can fail on bad configuration fails here, before serving."""
+        policy = build_policy(config.policy.name, config.policy.params)
+        store = await open_store(config.store.redis_url, timeout_s=config.store.timeout_s)
+        tracker = JobTracker(max_jobs=config.max_jobs_tracked)
+        estimator = ToolTimeEstimator(store, stats_ttl_s=config.store.tool_stats_ttl_s)
+        recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
+                            config.store.history_ttl_s)
+        decisions = DecisionLog()
+        engines = EngineRegistry(Decider(policy, recorder, decisions))
+
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Engines keep one stream open for days; keepalives find dead peers.
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ])
+        engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
+            EngineSessionService(engines), server)
+        retention_pb2_grpc.add_RetentionServicer_to_server(
+            RetentionService(store, directive_ttl_s=config.store.history_ttl_s), server)
+        inspect_pb2_grpc.add_InspectServicer_to_server(
+            InspectService(config, policy, store, engines, tracker, estimator, decisions),
+            server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+        daemon = cls(config, policy, store, engines, recorder, server, health_servicer)
+        if config.listen.tcp:
+            host, _, port = config.listen.tcp.rpartition(":")
+            bound = server.add_insecure_port(config.listen.tcp)
+            if bound == 0:
+                raise OSError(f"listen.tcp: cannot bind {config.listen.tcp}")
+            daemon.addresses.append(f"{host}:{bound}" if port == "0" else config.listen.tcp)
+        if config.listen.unix_socket:
+            server.add_insecure_port(f"unix:{config.listen.unix_socket}")
+            daemon.addresses.append(f"unix:{config.listen.unix_socket}")
+        if not daemon.addresses:
+            raise ValueError("listen: enable listen.tcp or listen.unix_socket")
+        return daemon
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
+        if self.config.metrics.port >= 0:
+            http_server, _thread = start_http_server(
+                self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
+            self.metrics_port = int(http_server.server_port)
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "daemon_serving",
+            version=__version__,
+            grpc=self.addresses,
+            metrics=(f"http://{self.config.metrics.host}:{self.metrics_port}/metrics"
+                     if self.metrics_port is not None else None),
+            store=self.store.backend_name,
+            **as_log_fields(self.config),
+        )
+
+    async def stop(self) -> None:
+        """Health first, then drain in-flight calls within the grace, then flush."""
+        log.info("daemon_stopping", grace_s=self.config.grace_s)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.config.grace_s)
+        flushed = await self.recorder.drain(timeout_s=self.config.grace_s)
+        if not flushed:
+            log.warning("store_writes_unflushed", pending=self.recorder.pending_writes)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.store.close()
+        log.info("daemon_stopped")
+
+
+async def serve(config: DaemonConfig) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    daemon = await Daemon.build(config)
+    await daemon.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    await daemon.stop()

@@ -1,0 +1,30 @@
+"""State store: one interface (``base.Store``), an embedded and a Redis backend."""
+
+from __future__ import annotations
+
+from sidecar.store.base import Store, StoreError, TransactionConflict, Transition, Write
+from sidecar.store.embedded import EmbeddedStore
+
+
+async def open_store(redis_url: str | None, timeout_s: float = 2.0) -> Store:
+    """The Redis backend when a URL is given (connected and pinged), else embedded.
+
+    Raises StoreError naming the URL when Redis does not answer: a daemon configured
+    for Redis must not silently run on a private store.
+    """
+    if not redis_url:
+        return EmbeddedStore()
+    from sidecar.store.redis_store import RedisStore
+
+    return await RedisStore.connect(redis_url, timeout_s=timeout_s)
+
+
+__all__ = [
+    "EmbeddedStore",
+    "Store",
+    "StoreError",
+    "TransactionConflict",
+    "Transition",
+    "Write",
+    "open_store",
+]

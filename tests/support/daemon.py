@@ -1,0 +1,80 @@
+"""Start the real daemon (``kvtether serve``) as a subprocess on free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.redis_server import free_port
+
+
+@dataclass
+class DaemonProcess:
+    process: subprocess.Popen[str]
+    address: str
+    metrics_port: int
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.address)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout=timeout_s)
+
+
+def wait_serving(address: str, timeout_s: float = 20.0, process: subprocess.Popen[str] | None = None
+                 ) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"daemon exited with {process.returncode}: "
+                                   f"{process.stderr.read() if process.stderr else ''}")
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"daemon at {address} not serving after {timeout_s} s")
+            time.sleep(0.1)
+
+
+def serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sidecar.cli", "serve", *args]
+
+
+@contextlib.contextmanager
+def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
+    port, metrics_port = free_port(), free_port()
+    process = subprocess.Popen(
+        serve_command("--listen", f"127.0.0.1:{port}", "--metrics-port", str(metrics_port),
+                      *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    daemon = DaemonProcess(process, f"127.0.0.1:{port}", metrics_port)
+    try:
+        wait_serving(daemon.address, process=process)
+        yield daemon
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()

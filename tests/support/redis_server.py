@@ -1,0 +1,92 @@
+"""A real Redis for the tests: ``REDIS_URL`` if set, else a testcontainers Redis when a
+Docker engine answers, else a ``redis-server`` binary started on a free port.
+
+``REDIS_URL`` must name a disposable database: the suite flushes it between tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            redis.Redis.from_url(url, socket_timeout=0.5).ping()
+            return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def redis_binary(port: int | None = None, extra_args: tuple[str, ...] = ()) -> Iterator[
+    tuple[str, subprocess.Popen[bytes]]
+]:
+    """Start ``redis-server`` on a free port (nothing saved to disk); yield (url, process)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError(
+            "no redis-server binary: install Debian's redis-server (the README's test "
+            "command does) or set REDIS_URL"
+        )
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="kvtether-redis-")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+         "no", "--dir", workdir, *extra_args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_for_redis(url)
+        yield url, process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def provide_redis_url() -> Iterator[str]:
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7-alpine") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    with redis_binary() as (url, _process):
+        yield url
