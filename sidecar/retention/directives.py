@@ -40,7 +40,7 @@ class DirectiveError(ValueError):
         self.field = field
 
 
-class OwnershipError(PermissionError):
+class OwnershipError(Exception):
     """The caller's scope may not make this change."""
 
 

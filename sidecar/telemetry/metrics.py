@@ -7,7 +7,16 @@ one breaks dashboards, so it must be deliberate.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+
+# ``*_created`` series double the exposition and no dashboard reads them.
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

@@ -1,0 +1,64 @@
+"""/metrics after a run: the names and types are pinned (golden file) and the counts
+match what happened."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import engine_session_pb2_grpc
+from tests.support.daemon import running_daemon
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "metrics.txt"
+KV = pb.KvCapacity(total_blocks=100, free_blocks=50, block_size_tokens=16)
+
+
+def scrape(port: int) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    families = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("kvtether_"):
+            continue
+        samples = {
+            (sample.name, *sorted(sample.labels.items())): sample.value  # type: ignore[misc]
+            for sample in family.samples
+        }
+        families[family.name] = (family.type, samples)
+    return families
+
+
+def test_metric_names_types_and_counts() -> None:
+    with running_daemon("--policy", "continuum") as daemon:
+        stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
+        stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
+                                new_requests=[pb.NewRequest(request_id="a", job_id="j",
+                                                            arrival_s=1.0)]))
+        stub.Step(pb.StepReport(engine_id="m", seq=2, now_s=2.0, kv=KV, events=[
+            pb.RequestEvent(request_id="a", kind=pb.EVENT_KIND_ADMITTED, at_s=2.0)]))
+        stub.Step(pb.StepReport(engine_id="m", seq=3, now_s=3.0, kv=KV, events=[
+            pb.RequestEvent(request_id="a", kind=pb.EVENT_KIND_FINISHED, at_s=3.0, tool="ls",
+                            blocks=4, finish_reason=pb.FINISH_REASON_STOP)]))
+        # A gap: asks for a resync.
+        stub.Step(pb.StepReport(engine_id="m", seq=9, now_s=4.0, kv=KV))
+        families = scrape(daemon.metrics_port)
+
+    observed = sorted(f"{name} {kind}" for name, (kind, _) in families.items())
+    golden = GOLDEN.read_text().split("\n")
+    assert observed == [line for line in golden if line], (
+        "metric names or types changed; update tests/golden/metrics.txt deliberately")
+
+    def value(name: str, *labels: tuple[str, str]) -> float:
+        family = name.removesuffix("_total").removesuffix("_count")
+        return families[family][1][(name, *labels)]
+
+    assert value("kvtether_step_reports_total") == 4
+    assert value("kvtether_snapshots_total") == 1
+    assert value("kvtether_resyncs_requested_total") == 1
+    assert value("kvtether_decisions_total", ("kind", "pin")) == 1
+    assert value("kvtether_pins_active") == 1
+    assert value("kvtether_pinned_blocks") == 4
+    # Every decided report (not the resync) went through the latency histogram.
+    assert value("kvtether_decision_latency_seconds_count") == 3

@@ -1,0 +1,113 @@
+"""Retention over real gRPC, on the embedded store and on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from sidecar.api.v1 import retention_pb2 as pb
+from sidecar.api.v1 import retention_pb2_grpc
+from tests.support.inprocess import inprocess_daemon
+
+SESSION = pb.RetentionTarget(session_id="s1")
+
+
+def ranges(*spec: tuple[int, int | None, int]) -> pb.RetentionConfig:
+    config = pb.RetentionConfig()
+    for start, end, priority in spec:
+        token_range = config.token_ranges.add(token_start=start, priority=priority)
+        if end is not None:
+            token_range.token_end = end
+    return config
+
+
+@pytest.fixture(params=["embedded", "redis"])
+async def retention(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    flags = {}
+    if request.param == "redis":
+        flags = {"store": {"redis_url": request.getfixturevalue("clean_redis")}}
+    async with inprocess_daemon(**flags) as (_daemon, channel):
+        yield retention_pb2_grpc.RetentionStub(channel)
+
+
+async def test_set_read_back_and_clear(retention) -> None:  # type: ignore[no-untyped-def]
+    config = ranges((0, 512, 100), (512, None, 80))
+    config.token_ranges[1].duration_s = 45.0
+    answer = await retention.SetDirectives(
+        pb.SetDirectivesRequest(target=SESSION, config=config, scope="dynamo"))
+    assert answer.owner_scope == "dynamo"
+    read = await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    assert read.found and read.owner_scope == "dynamo" and read.config == config
+    cleared = await retention.ClearDirectives(
+        pb.ClearDirectivesRequest(target=SESSION, scope="dynamo"))
+    assert cleared.cleared
+    assert not (await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))).found
+
+
+async def test_only_the_owner_lowers_and_clears(retention) -> None:  # type: ignore[no-untyped-def]
+    await retention.SetDirectives(pb.SetDirectivesRequest(
+        target=SESSION, config=ranges((0, None, 80)), scope="owner"))
+    # Another scope may raise...
+    raised = await retention.SetDirectives(pb.SetDirectivesRequest(
+        target=SESSION, config=ranges((0, None, 90)), scope="other"))
+    assert raised.owner_scope == "owner"
+    # ...but not lower.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.SetDirectives(pb.SetDirectivesRequest(
+            target=SESSION, config=ranges((0, None, 10)), scope="other"))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.ClearDirectives(pb.ClearDirectivesRequest(target=SESSION, scope="other"))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.ClearDirectives(pb.ClearDirectivesRequest(target=SESSION))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # Nothing the refused calls tried changed anything.
+    read = await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    assert read.owner_scope == "owner" and read.config.token_ranges[0].priority == 90
+
+
+async def test_racing_first_claims_leave_one_owner(retention) -> None:  # type: ignore[no-untyped-def]
+    target = pb.RetentionTarget(job_id="raced")
+    # Different scopes try to lower-or-set at once: exactly one owns the result.
+    results = await asyncio.gather(*(
+        retention.SetDirectives(pb.SetDirectivesRequest(
+            target=target, config=ranges((0, None, 50 - i)), scope=f"scope-{i}"))
+        for i in range(8)), return_exceptions=True)
+    owners = {r.owner_scope for r in results if isinstance(r, pb.SetDirectivesResponse)}
+    read = await retention.GetDirectives(pb.GetDirectivesRequest(target=target))
+    assert owners == {read.owner_scope}
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        (ranges((0, None, 101)), "config.token_ranges[0].priority"),
+        (ranges((10, 10, 50)), "config.token_ranges[0].token_end"),
+        (ranges((0, 100, 20), (100, None, 90)), "config.token_ranges"),
+        (ranges(*[(i, i + 1, 50) for i in range(17)]), "config.token_ranges"),
+    ],
+)
+async def test_invalid_directives_are_refused_naming_the_field(
+    retention, config: pb.RetentionConfig, field: str  # type: ignore[no-untyped-def]
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.SetDirectives(
+            pb.SetDirectivesRequest(target=SESSION, config=config, scope="s"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith(field)
+    assert not (await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))).found
+
+
+async def test_negative_duration_and_missing_target(retention) -> None:  # type: ignore[no-untyped-def]
+    config = ranges((0, None, 50))
+    config.token_ranges[0].duration_s = -1
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.SetDirectives(pb.SetDirectivesRequest(target=SESSION, config=config))
+    assert "duration_s" in refused.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await retention.GetDirectives(pb.GetDirectivesRequest())
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("target")
