@@ -11,6 +11,7 @@ digital twin and correct when the engine and daemon clocks disagree.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections.abc import Mapping, Sequence
@@ -95,6 +96,20 @@ class ToolTimeDistribution:
     var_log_s: float
     gamma: float
     bucket_counts: Mapping[int, int] = field(default_factory=dict)
+    # Bucket indices in order and their cumulative counts, computed once: policies
+    # read several quantiles per decision, each then costs O(log buckets).
+    _indices: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _cumulative: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        indices = tuple(sorted(self.bucket_counts))
+        cumulative = []
+        seen = 0
+        for index in indices:
+            seen += self.bucket_counts[index]
+            cumulative.append(seen)
+        object.__setattr__(self, "_indices", indices)
+        object.__setattr__(self, "_cumulative", tuple(cumulative))
 
     @property
     def mean_s(self) -> float:
@@ -110,22 +125,19 @@ class ToolTimeDistribution:
         if tau_s <= 0:
             return 0.0
         limit = math.ceil(math.log(tau_s) / math.log(self.gamma) - 1e-12)
-        below = sum(n for i, n in self.bucket_counts.items() if i <= limit)
-        return below / self.count
+        position = bisect.bisect_right(self._indices, limit)
+        below = self._cumulative[position - 1] if position else 0
+        return min(below / self.count, 1.0)
 
     def quantile(self, q: float) -> float:
         """Smallest bucket value v with P(duration <= v) >= q; NaN with no samples."""
-        if self.count == 0:
+        if self.count == 0 or not self._indices:
             return math.nan
         q = min(max(q, 0.0), 1.0)
-        target = q * self.count
-        seen = 0
-        for index in sorted(self.bucket_counts):
-            seen += self.bucket_counts[index]
-            if seen >= target:
-                # Representative value of the bucket: its geometric midpoint.
-                return 2.0 * self.gamma**index / (self.gamma + 1.0)
-        return 2.0 * self.gamma ** max(self.bucket_counts) / (self.gamma + 1.0)
+        position = bisect.bisect_left(self._cumulative, q * self.count)
+        index = self._indices[min(position, len(self._indices) - 1)]
+        # Representative value of the bucket: its geometric midpoint.
+        return 2.0 * self.gamma**index / (self.gamma + 1.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from sidecar.api.v1 import (
     retention_pb2_grpc,
 )
 from sidecar.config import DaemonConfig, as_log_fields
-from sidecar.estimators import ToolTimeEstimator
+from sidecar.estimators.tool_time import ToolTimeEstimator
 from sidecar.framework import Policy
 from sidecar.jobs import JobTracker
 from sidecar.policies.registry import build_policy

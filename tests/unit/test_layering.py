@@ -37,3 +37,18 @@ def test_framework_imports_nothing_of_the_implementation() -> None:
         own = {name for name in _imports(path)
                if name.startswith("sidecar.") and not name.startswith("sidecar.framework")}
         assert not own, f"{path.relative_to(ROOT)} imports {own}"
+
+
+def test_importing_every_policy_loads_no_store_or_network() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import sidecar.policies.registry as r; "
+        "[r.build_policy(n, {}) for n in r.available_policies()]; "
+        "bad = [m for m in sys.modules if m.startswith(('redis', 'grpc', 'sidecar.store'))]; "
+        "print(','.join(bad))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == ""

@@ -1,0 +1,236 @@
+"""In-memory job state for policies, and tool-time measurement.
+
+A *job* is an agent's sequence of LLM calls ("turns") separated by tool executions.
+The tracker turns the engine's arrival / finish events into ``JobView``s and measures
+tool times: ``tool time = arrival of the job's next request - departure of the turn
+that called the tool``.
+
+Robustness (the two crashes of Continuum's job history cannot happen here):
+
+- A request with no job id (``None`` or empty) is a job of its own, whose id is the
+  request id (:func:`effective_job_id`). It is never an error.
+- Several requests of one job may be in flight at once (agents fan out): the tracker
+  keeps a set of in-flight request ids per job and a separate "pending tool" record,
+  instead of assuming the history alternates arrival / departure.
+- Events are idempotent: an arrival of a request already in flight (a snapshot replayed
+  after a gap) and a repeated finish change nothing.
+
+Memory is bounded: at most ``max_jobs`` jobs are kept; past that, the least recently
+active *idle* jobs (no request in flight) are forgotten first. A job with requests in
+flight is never dropped (its requests are real and bounded by the engine's capacity),
+so the bound can be exceeded only by more jobs in flight than ``max_jobs``. A job whose
+last step finished goes to the front of the eviction order: no turn should follow.
+
+Contract: not thread-safe; the runtime calls it from one event loop. Times are engine
+seconds, as in ``sidecar.framework.types``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sidecar.framework.types import JobView
+
+DEFAULT_MAX_JOBS = 100_000
+
+
+def effective_job_id(job_id: str | None, request_id: str) -> str:
+    """The job a request belongs to: its job id, or, with none, the request's own id
+    (a one-request job). The runtime must use the same convention for
+    ``RequestView.job_id`` so that policies and the tracker agree."""
+    return job_id if job_id else request_id
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredToolTime:
+    """A tool time measured when a job's next request arrived."""
+
+    job_id: str
+    tool: str
+    duration_s: float
+    # Departure of the turn that called the tool, and the arrival that ended it.
+    departure_s: float
+    arrival_s: float
+
+
+class _Job:
+    __slots__ = (
+        "first_arrival_s",
+        "in_flight",
+        "job_id",
+        "last_departure_s",
+        "last_finished_request_id",
+        "last_tool",
+        "pending_departure_s",
+        "pending_tool",
+        "turns_finished",
+        "view",
+    )
+
+    def __init__(self, job_id: str, first_arrival_s: float) -> None:
+        self.job_id = job_id
+        self.first_arrival_s = first_arrival_s
+        self.turns_finished = 0
+        self.last_departure_s: float | None = None
+        self.last_tool: str | None = None
+        # The latest finished turn that called a tool whose time is not measured yet.
+        self.pending_tool: str | None = None
+        self.pending_departure_s = 0.0
+        # Request ids in flight; None when there are none (most jobs, most of the time).
+        self.in_flight: set[str] | None = None
+        self.last_finished_request_id: str | None = None
+        # JobView cache: policies read views every step, jobs change once per event.
+        self.view: JobView | None = None
+
+    def snapshot(self) -> JobView:
+        if self.view is None:
+            self.view = JobView(
+                job_id=self.job_id,
+                first_arrival_s=self.first_arrival_s,
+                turns_finished=self.turns_finished,
+                last_departure_s=self.last_departure_s,
+                last_tool=self.last_tool,
+                requests_in_flight=len(self.in_flight) if self.in_flight else 0,
+            )
+        return self.view
+
+
+class JobTracker:
+    def __init__(self, max_jobs: int = DEFAULT_MAX_JOBS) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs!r}")
+        self.max_jobs = max_jobs
+        # Least recently active first.
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def on_arrival(
+        self, job_id: str | None, request_id: str, arrival_s: float
+    ) -> MeasuredToolTime | None:
+        """A request arrived. Returns the tool time this arrival ends, if any: the
+        time since the departure of the job's latest finished turn that called a tool
+        not measured yet. An arrival earlier than that departure (events reported out
+        of order) measures nothing and leaves the tool pending."""
+        job_key = effective_job_id(job_id, request_id)
+        job = self._touch(job_key, arrival_s)
+        if job.in_flight is not None and request_id in job.in_flight:
+            return None  # replayed arrival
+        if job.in_flight is None:
+            job.in_flight = set()
+        job.in_flight.add(request_id)
+        job.first_arrival_s = min(job.first_arrival_s, arrival_s)
+        job.view = None
+        if job.pending_tool is None or arrival_s < job.pending_departure_s:
+            return None
+        measured = MeasuredToolTime(
+            job_id=job_key,
+            tool=job.pending_tool,
+            duration_s=arrival_s - job.pending_departure_s,
+            departure_s=job.pending_departure_s,
+            arrival_s=arrival_s,
+        )
+        job.pending_tool = None
+        return measured
+
+    def on_finish(
+        self,
+        job_id: str | None,
+        request_id: str,
+        departure_s: float,
+        tool: str | None,
+        is_last_step: bool = False,
+    ) -> None:
+        """A request finished at ``departure_s`` having called ``tool`` (None: none).
+        A finish whose arrival was never seen (daemon restarted mid-request) still
+        counts: the job starts at its departure."""
+        job_key = effective_job_id(job_id, request_id)
+        job = self._touch(job_key, departure_s)
+        in_flight = job.in_flight is not None and request_id in job.in_flight
+        if not in_flight and job.last_finished_request_id == request_id:
+            return  # repeated finish
+        if job.in_flight is not None:
+            job.in_flight.discard(request_id)
+            if not job.in_flight:
+                job.in_flight = None
+        job.turns_finished += 1
+        job.last_finished_request_id = request_id
+        # Concurrent turns may finish out of order: the latest departure wins.
+        if job.last_departure_s is None or departure_s >= job.last_departure_s:
+            job.last_departure_s = departure_s
+            job.last_tool = tool
+        if tool is not None and departure_s >= job.pending_departure_s:
+            job.pending_tool = tool
+            job.pending_departure_s = departure_s
+        job.view = None
+        if is_last_step:
+            job.pending_tool = None  # no next turn will measure it
+            if job.in_flight is None:
+                self._jobs.move_to_end(job_key, last=False)  # forget it first
+
+    def on_abort(self, job_id: str | None, request_id: str) -> None:
+        """A request left without finishing (aborted, rejected): no turn, no tool."""
+        job = self._jobs.get(effective_job_id(job_id, request_id))
+        if job is None or job.in_flight is None or request_id not in job.in_flight:
+            return
+        job.in_flight.discard(request_id)
+        if not job.in_flight:
+            job.in_flight = None
+        job.view = None
+
+    def view(self, job_id: str) -> JobView | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.snapshot()
+
+    def views(self, job_ids: Iterable[str]) -> dict[str, JobView]:
+        """Views of the given jobs that are known, e.g. those of a step's requests and
+        pins, for ``StepView.jobs``."""
+        result: dict[str, JobView] = {}
+        jobs = self._jobs
+        for job_id in job_ids:
+            if job_id not in result:
+                job = jobs.get(job_id)
+                if job is not None:
+                    result[job_id] = job.snapshot()
+        return result
+
+    def recent_job_ids(self, limit: int) -> list[str]:
+        """Up to ``limit`` job ids, most recently active first (for inspection)."""
+        found: list[str] = []
+        for job_id in reversed(self._jobs):
+            if len(found) >= limit:
+                break
+            found.append(job_id)
+        return found
+
+    def _touch(self, job_id: str, first_seen_s: float) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            self._jobs.move_to_end(job_id)
+            return job
+        if len(self._jobs) >= self.max_jobs:
+            self._evict_idle(len(self._jobs) + 1 - self.max_jobs)
+        job = _Job(job_id, first_seen_s)
+        self._jobs[job_id] = job
+        return job
+
+    def _evict_idle(self, excess: int) -> None:
+        # Scan from the least recently active end. Busy jobs met on the way go to the
+        # other end, so each is skipped at most once per pass: O(1) amortised per new
+        # job, unless more jobs are in flight than max_jobs.
+        scanned = 0
+        limit = len(self._jobs)
+        while excess > 0 and scanned < limit:
+            job_id, job = next(iter(self._jobs.items()))
+            scanned += 1
+            if job.in_flight:
+                self._jobs.move_to_end(job_id)
+                continue
+            del self._jobs[job_id]
+            excess -= 1

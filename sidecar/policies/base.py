@@ -1,0 +1,130 @@
+"""vLLM's own behaviour for every extension point, and helpers shared by policies.
+
+A policy subclasses :class:`NativePolicy` and overrides the one to three hooks where it
+differs from vLLM; every hook it leaves alone keeps vLLM's semantics, so a partial
+policy is always a complete, safe one.
+
+Contracts (on top of ``sidecar.framework.protocols``): hooks are pure functions of
+their input and the policy's parameters (no clock, no randomness, no I/O), so the
+digital twin replays them exactly; orderings are total (ties broken by request id),
+so two daemons given the same step decide the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from sidecar.framework.types import (
+    FinishInput,
+    Ordering,
+    PinRelease,
+    PinView,
+    RequestView,
+    RetainDecision,
+    StepView,
+)
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's parameters: typed, defaulted, validated at start-up.
+    Unknown names are errors (a misspelt parameter must not be silently ignored), and
+    parameters are immutable once built."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True
+    )
+
+
+class NativeParams(PolicyParams):
+    """vLLM's behaviour has no parameters."""
+
+
+class NativePolicy:
+    """vLLM's native scheduling: FCFS admission, newest-first preemption, no pins."""
+
+    name: str = "native"
+    params_model: ClassVar[type[PolicyParams]] = NativeParams
+
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        self.params = params if params is not None else self.params_model()
+
+    def order_waiting(self, step: StepView) -> Ordering:
+        # vLLM's FCFS queue is a deque in arrival order.
+        ordered = sorted(step.waiting, key=_arrival_key)
+        return Ordering(tuple(r.request_id for r in ordered), "fcfs: earliest arrival first")
+
+    def order_victims(self, step: StepView) -> Ordering:
+        # vLLM FCFS preempts ``self.running.pop()``, the last request added to the
+        # running list; the engine reports arrivals, so newest arrival first.
+        ordered = sorted(step.running, key=_arrival_key, reverse=True)
+        return Ordering(
+            tuple(r.request_id for r in ordered), "fcfs: newest arrival preempted first"
+        )
+
+    def on_finish(self, finished: FinishInput) -> RetainDecision:
+        return RetainDecision.release(
+            "fcfs: vLLM frees a finished request's blocks at once",
+            release_pins=superseded_pins(finished),
+        )
+
+    def release_under_pressure(self, step: StepView) -> PinRelease:
+        return PinRelease((), "")
+
+    def expire(self, step: StepView) -> PinRelease:
+        expired = tuple(p.request_id for p in step.pins if p.expires_at_s <= step.now_s)
+        return PinRelease(expired, "pin TTL expired" if expired else "")
+
+
+def _arrival_key(request: RequestView) -> tuple[float, str]:
+    return (request.arrival_s, request.request_id)
+
+
+def superseded_pins(finished: FinishInput) -> tuple[str, ...]:
+    """Pins of the finished request's job other than its own: a job's new finish
+    replaces its older pin (Continuum's ``_free_blocks`` step 1). With concurrent
+    requests of one job, each finish supersedes every earlier pin of the job, so at
+    most one pin per job survives."""
+    request = finished.request
+    return tuple(
+        pin.request_id
+        for pin in finished.step.pins
+        if pin.job_id == request.job_id and pin.request_id != request.request_id
+    )
+
+
+def job_first_arrivals(step: StepView) -> dict[str, float]:
+    """Job-level FCFS key for every job with a request in the step: the job's first
+    arrival as the tracker knows it, else (a job the runtime sent no view for) the
+    earliest arrival among its requests in this step."""
+    first: dict[str, float] = {}
+    jobs = step.jobs
+    for request in (*step.waiting, *step.running):
+        job_id = request.job_id
+        known = jobs.get(job_id)
+        arrival_s = known.first_arrival_s if known is not None else request.arrival_s
+        current = first.get(job_id)
+        if current is None or arrival_s < current:
+            first[job_id] = arrival_s
+    return first
+
+
+def pinned_blocks_by_job(pins: Sequence[PinView]) -> dict[str, int]:
+    blocks: dict[str, int] = {}
+    for pin in pins:
+        blocks[pin.job_id] = blocks.get(pin.job_id, 0) + pin.blocks
+    return blocks
+
+
+def blocks_to_admit(request: RequestView, block_size_tokens: int, reusable_blocks: int) -> int:
+    """KV blocks a waiting request still needs to be admitted: its prompt's blocks
+    minus those it can reuse (already computed, or pinned for its job and found by
+    prefix caching). A lower bound: vLLM may also reserve lookahead slots."""
+    if block_size_tokens <= 0:
+        return 0
+    prompt_blocks = math.ceil(request.prompt_tokens / block_size_tokens)
+    computed_blocks = request.computed_tokens // block_size_tokens
+    return max(prompt_blocks - max(computed_blocks, reusable_blocks), 0)

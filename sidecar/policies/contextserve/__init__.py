@@ -1,0 +1,7 @@
+from sidecar.policies.contextserve.policy import (
+    ContextServeParams,
+    ContextServePolicy,
+    ToolSpeed,
+)
+
+__all__ = ["ContextServeParams", "ContextServePolicy", "ToolSpeed"]

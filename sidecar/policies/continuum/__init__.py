@@ -1,0 +1,3 @@
+from sidecar.policies.continuum.policy import ContinuumParams, ContinuumPolicy
+
+__all__ = ["ContinuumParams", "ContinuumPolicy"]

@@ -1,0 +1,212 @@
+"""Small builders for table-driven policy and tracker tests.
+
+s = (step(now=10, free_blocks=4)
+     .waiting("w1", job="a", arrive=5)
+     .running("r1", job="b", arrive=1, last=True)
+     .pin("p0", job="a", blocks=3, expires=12))
+s.build()                       # -> StepView
+s.finish("r1", tool="ls")       # -> FinishInput for a running request
+
+job("a").turn(arrive=0, depart=1, tool="ls").turn(arrive=1.5, depart=2)
+replay(tracker, job_a, job_b)   # feeds events in time order
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sidecar.estimators.sketch import LogBucketSketch, add_increments
+from sidecar.framework.types import (
+    FinishInput,
+    JobView,
+    KvView,
+    PinView,
+    RequestState,
+    RequestView,
+    StepView,
+    ToolTimeDistribution,
+)
+from sidecar.jobs.tracker import JobTracker, MeasuredToolTime
+
+
+def distribution(tool: str, samples_s: Iterable[float]) -> ToolTimeDistribution | None:
+    """A tool-time distribution built exactly as the estimator builds it."""
+    sketch = LogBucketSketch()
+    fields: dict[str, float] = {}
+    for sample in samples_s:
+        add_increments(fields, sketch.increments(sample))
+    return sketch.distribution(tool, fields)
+
+
+@dataclass
+class StepBuilder:
+    now: float = 0.0
+    total_blocks: int = 1000
+    free_blocks: int = 1000
+    block_size_tokens: int = 16
+    _waiting: list[RequestView] = field(default_factory=list)
+    _running: list[RequestView] = field(default_factory=list)
+    _pins: list[PinView] = field(default_factory=list)
+    _jobs: dict[str, JobView] = field(default_factory=dict)
+
+    def _request(
+        self,
+        state: RequestState,
+        request_id: str,
+        job: str | None,
+        arrive: float,
+        prompt: int,
+        last: bool,
+        computed: int,
+    ) -> RequestView:
+        return RequestView(
+            request_id=request_id,
+            job_id=job if job is not None else request_id,
+            is_last_step=last,
+            arrival_s=arrive,
+            prompt_tokens=prompt,
+            state=state,
+            computed_tokens=computed,
+        )
+
+    def waiting(
+        self,
+        request_id: str,
+        job: str | None = None,
+        arrive: float = 0.0,
+        prompt: int = 16,
+        last: bool = False,
+        computed: int = 0,
+    ) -> StepBuilder:
+        self._waiting.append(
+            self._request(RequestState.WAITING, request_id, job, arrive, prompt, last, computed)
+        )
+        return self
+
+    def running(
+        self,
+        request_id: str,
+        job: str | None = None,
+        arrive: float = 0.0,
+        prompt: int = 16,
+        last: bool = False,
+        computed: int = 0,
+    ) -> StepBuilder:
+        self._running.append(
+            self._request(RequestState.RUNNING, request_id, job, arrive, prompt, last, computed)
+        )
+        return self
+
+    def pin(
+        self,
+        request_id: str,
+        job: str,
+        blocks: int = 1,
+        expires: float = 100.0,
+        pinned_at: float = 0.0,
+        tool: str | None = None,
+    ) -> StepBuilder:
+        self._pins.append(PinView(request_id, job, blocks, pinned_at, expires, tool))
+        return self
+
+    def job(self, job_id: str, first_arrival: float, turns: int = 0) -> StepBuilder:
+        """An explicit JobView (as the tracker would send); without one, policies fall
+        back to the earliest arrival of the job's requests in the step."""
+        self._jobs[job_id] = JobView(job_id, first_arrival, turns_finished=turns)
+        return self
+
+    def build(self) -> StepView:
+        return StepView(
+            engine_id="engine-0",
+            now_s=self.now,
+            kv=KvView(self.total_blocks, self.free_blocks, self.block_size_tokens),
+            waiting=tuple(self._waiting),
+            running=tuple(self._running),
+            pins=tuple(self._pins),
+            jobs=dict(self._jobs),
+        )
+
+    def finish(
+        self,
+        request_id: str,
+        tool: str | None = None,
+        samples_s: Iterable[float] = (),
+        global_samples_s: Iterable[float] = (),
+        blocks: int = 4,
+        output_tokens: int = 8,
+    ) -> FinishInput:
+        """A running (or waiting) request of this step finishing with ``tool``, whose
+        measured durations so far are ``samples_s``."""
+        request = next(r for r in (*self._running, *self._waiting) if r.request_id == request_id)
+        return FinishInput(
+            step=self.build(),
+            request=request,
+            output_tokens=output_tokens,
+            blocks=blocks,
+            tool=tool,
+            tool_times=distribution(tool, samples_s) if tool is not None else None,
+            global_tool_times=distribution("*", global_samples_s),
+        )
+
+
+def step(
+    now: float = 0.0, total_blocks: int = 1000, free_blocks: int = 1000, block_size: int = 16
+) -> StepBuilder:
+    return StepBuilder(now, total_blocks, free_blocks, block_size)
+
+
+# --- jobs as scripts of turns, for the tracker ------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    job_id: str | None
+    request_id: str
+    arrive: float
+    depart: float | None
+    tool: str | None
+    last: bool
+
+
+@dataclass
+class JobScript:
+    job_id: str | None
+    turns: list[Turn] = field(default_factory=list)
+
+    def turn(
+        self,
+        arrive: float,
+        depart: float | None = None,
+        tool: str | None = None,
+        last: bool = False,
+        request_id: str | None = None,
+    ) -> JobScript:
+        """One request of the job; ``depart=None`` leaves it in flight."""
+        rid = request_id or f"{self.job_id or 'anon'}-{len(self.turns)}"
+        self.turns.append(Turn(self.job_id, rid, arrive, depart, tool, last))
+        return self
+
+
+def job(job_id: str | None) -> JobScript:
+    return JobScript(job_id)
+
+
+def replay(tracker: JobTracker, *jobs: JobScript) -> list[MeasuredToolTime]:
+    """Feed every arrival and finish to ``tracker`` in time order (a finish before an
+    arrival at the same instant); return the tool times measured, in order."""
+    events: list[tuple[float, int, Turn]] = []
+    for script in jobs:
+        for turn in script.turns:
+            events.append((turn.arrive, 1, turn))
+            if turn.depart is not None:
+                events.append((turn.depart, 0, turn))
+    measured = []
+    for at_s, kind, turn in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == 1:
+            sample = tracker.on_arrival(turn.job_id, turn.request_id, at_s)
+            if sample is not None:
+                measured.append(sample)
+        else:
+            tracker.on_finish(turn.job_id, turn.request_id, at_s, turn.tool, turn.last)
+    return measured
