@@ -7,6 +7,7 @@ Protocols and frozen dataclasses only: no gRPC, no Redis, no runtime imports
 from sidecar.framework.protocols import (
     FinishRetention,
     PinExpiry,
+    PinsUnderPressure,
     Policy,
     PressureRelief,
     VictimOrder,
@@ -36,6 +37,7 @@ __all__ = [
     "PinExpiry",
     "PinRelease",
     "PinView",
+    "PinsUnderPressure",
     "Policy",
     "PressureRelief",
     "RequestState",

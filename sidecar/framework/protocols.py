@@ -49,6 +49,15 @@ class PressureRelief(Protocol):
 
 
 @runtime_checkable
+class PinsUnderPressure(Protocol):
+    def order_pins_under_pressure(self, step: StepView) -> Ordering:
+        """Pins the engine may release, first first, when an allocation fails *before*
+        vLLM preempts a running request. Pins left out are kept (vLLM preempts
+        instead). The engine applies this order between decisions, without asking."""
+        ...
+
+
+@runtime_checkable
 class PinExpiry(Protocol):
     def expire(self, step: StepView) -> PinRelease:
         """Pins whose time is up at ``step.now_s``. Called every step."""
@@ -56,8 +65,19 @@ class PinExpiry(Protocol):
 
 
 @runtime_checkable
-class Policy(WaitingOrder, VictimOrder, FinishRetention, PressureRelief, PinExpiry, Protocol):
+class Policy(
+    WaitingOrder,
+    VictimOrder,
+    FinishRetention,
+    PressureRelief,
+    PinsUnderPressure,
+    PinExpiry,
+    Protocol,
+):
     """A complete policy: every extension point. Build one by subclassing
     ``NativePolicy`` and overriding the hooks that differ from vLLM."""
 
     name: str
+    # Whether the engine should hold a finished non-last-step request's blocks until
+    # the daemon has decided (a provisional pin). False keeps vLLM's free-at-once.
+    pins_finished_requests: bool

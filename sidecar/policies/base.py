@@ -47,6 +47,7 @@ class NativePolicy:
     """vLLM's native scheduling: FCFS admission, newest-first preemption, no pins."""
 
     name: str = "native"
+    pins_finished_requests: bool = False
     params_model: ClassVar[type[PolicyParams]] = NativeParams
 
     def __init__(self, params: PolicyParams | None = None) -> None:
@@ -73,6 +74,13 @@ class NativePolicy:
 
     def release_under_pressure(self, step: StepView) -> PinRelease:
         return PinRelease((), "")
+
+    def order_pins_under_pressure(self, step: StepView) -> Ordering:
+        # vLLM holds no pins: any pin gives way before a running request is
+        # preempted, the one closest to expiry first.
+        ordered = sorted(step.pins, key=lambda p: (p.expires_at_s, p.request_id))
+        return Ordering(tuple(p.request_id for p in ordered),
+                        "native: pins give way before preemption, earliest expiry first")
 
     def expire(self, step: StepView) -> PinRelease:
         expired = tuple(p.request_id for p in step.pins if p.expires_at_s <= step.now_s)

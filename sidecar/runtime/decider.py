@@ -33,6 +33,7 @@ class EngineDecisionState:
     """Per-engine memory of what was sent, so only changes are sent again."""
 
     sent_priority: dict[str, int] = field(default_factory=dict)
+    sent_pressure_order: tuple[str, ...] | None = None
 
 
 class DecisionLog:
@@ -72,7 +73,8 @@ class Decider:
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
         started_ns = time.perf_counter_ns()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
-        decision = pb.StepDecision(seq=seq, policy=self.policy.name)
+        decision = pb.StepDecision(seq=seq, policy=self.policy.name,
+                                   provisional_pins=self.policy.pins_finished_requests)
 
         for live in delta.arrived:
             self.recorder.on_arrival(live.view())
@@ -100,6 +102,10 @@ class Decider:
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
         self._decide_priorities(mirror, step, state, decision)
+        pressure_order = tuple(self.policy.order_pins_under_pressure(step).request_ids)
+        if pressure_order != state.sent_pressure_order:
+            decision.pressure_release_order.request_ids.extend(pressure_order)
+            state.sent_pressure_order = pressure_order
         decision.decide_us = (time.perf_counter_ns() - started_ns) // 1000
         return decision
 

@@ -73,6 +73,7 @@ class ContinuumParams(PolicyParams):
 
 class ContinuumPolicy(NativePolicy):
     name = "continuum"
+    pins_finished_requests = True
     params_model: ClassVar[type[PolicyParams]] = ContinuumParams
     params: ContinuumParams
 
@@ -158,6 +159,16 @@ class ContinuumPolicy(NativePolicy):
             if stolen
             else "",
         )
+
+    def order_pins_under_pressure(self, step: StepView) -> Ordering:
+        """Continuum breaks a pin on a failed allocation only when at most one request
+        runs (``pop_running_request_based_on_last_step``): latest expiry first.
+        Otherwise it preempts a running request and keeps every pin."""
+        if len(step.running) > 1:
+            return Ordering((), "continuum: >1 running: preempt, keep pins")
+        ordered = sorted(step.pins, key=lambda p: (p.expires_at_s, p.request_id), reverse=True)
+        return Ordering(tuple(p.request_id for p in ordered),
+                        "continuum: <=1 running: steal pins, latest expiry first")
 
     # --- expiry: TTL over and no request of the job waiting -----------------------
 

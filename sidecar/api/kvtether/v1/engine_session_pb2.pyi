@@ -183,7 +183,7 @@ class BlockRetention(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., config: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ...) -> None: ...
 
 class StepDecision(_message.Message):
-    __slots__ = ("seq", "resync_requested", "priorities", "pins", "retention", "policy", "decide_us")
+    __slots__ = ("seq", "resync_requested", "priorities", "pins", "retention", "policy", "decide_us", "provisional_pins", "pressure_release_order")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RESYNC_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,8 @@ class StepDecision(_message.Message):
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DECIDE_US_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_PINS_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_RELEASE_ORDER_FIELD_NUMBER: _ClassVar[int]
     seq: int
     resync_requested: bool
     priorities: _containers.RepeatedCompositeFieldContainer[RequestPriority]
@@ -198,4 +200,12 @@ class StepDecision(_message.Message):
     retention: _containers.RepeatedCompositeFieldContainer[BlockRetention]
     policy: str
     decide_us: int
-    def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ...) -> None: ...
+    provisional_pins: bool
+    pressure_release_order: PinOrder
+    def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: _Optional[bool] = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ...) -> None: ...
+
+class PinOrder(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...

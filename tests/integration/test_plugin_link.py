@@ -1,0 +1,107 @@
+"""The engine's link to a real daemon process: deltas after a snapshot, and a daemon
+killed and restarted mid-session (the link reconnects and resyncs with a snapshot)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from tests.support.daemon import running_daemon
+from vllm_plugin.link import DaemonLink
+
+KV = pb.KvCapacity(total_blocks=64, free_blocks=64, block_size_tokens=16)
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def report(seq: int, snapshot: bool = False, *requests: str) -> pb.StepReport:
+    return pb.StepReport(
+        engine_id="link-engine", seq=seq, snapshot=snapshot, now_s=float(seq), kv=KV,
+        new_requests=[pb.NewRequest(request_id=r, job_id=f"job-{r}", arrival_s=float(seq))
+                      for r in requests])
+
+
+def test_link_survives_a_daemon_restart() -> None:
+    with running_daemon() as daemon:
+        link = DaemonLink(daemon.address)
+        try:
+            wait_until(lambda: link.connected)
+            assert link.needs_snapshot
+            assert not link.send(report(1, False, "early")), "a delta before the snapshot"
+            assert link.send(report(1, True, "a"))
+            (first,) = link.take_decisions(wait_s=2.0)
+            assert first.seq == 1 and [p.request_id for p in first.priorities] == ["a"]
+            assert link.send(report(2, False, "b"))
+            (second,) = link.take_decisions(wait_s=2.0)
+            assert second.seq == 2 and not second.resync_requested
+
+            daemon.process.send_signal(signal.SIGKILL)
+            daemon.process.wait(timeout=10)
+            wait_until(lambda: not link.connected)
+            assert link.needs_snapshot
+            started = time.monotonic()
+            # Nothing can be sent while the daemon is gone, and nothing waits.
+            assert not link.send(report(3, True, "a", "b"))
+            assert link.take_decisions(wait_s=0.5) == []
+            assert time.monotonic() - started < 1.0
+        finally:
+            port = daemon.address.rsplit(":", 1)[1]
+        # The daemon comes back on the same address.
+        with running_daemon_on(port) as revived:
+            wait_until(lambda: link.connected, timeout_s=15)
+            assert link.send(report(10, True, "a", "b"))
+            (resumed,) = link.take_decisions(wait_s=2.0)
+            assert resumed.seq == 10 and not resumed.resync_requested
+            assert {p.request_id for p in resumed.priorities} == {"a", "b"}
+            assert link.reconnects >= 1
+            link.close()
+            del revived
+
+
+def running_daemon_on(port: str):  # type: ignore[no-untyped-def]
+    import contextlib
+    import subprocess
+
+    from tests.support.daemon import DaemonProcess, serve_command, wait_serving
+
+    @contextlib.contextmanager
+    def run():  # type: ignore[no-untyped-def]
+        process = subprocess.Popen(
+            serve_command("--listen", f"127.0.0.1:{port}", "--metrics-port", "-1"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_serving(f"127.0.0.1:{port}", process=process)
+            yield DaemonProcess(process, f"127.0.0.1:{port}", -1)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+    return run()
+
+
+def test_take_decisions_waits_at_most_the_deadline() -> None:
+    with running_daemon() as daemon:
+        link = DaemonLink(daemon.address)
+        try:
+            wait_until(lambda: link.connected)
+            daemon.process.send_signal(signal.SIGSTOP)  # frozen: accepts, never answers
+            try:
+                assert link.send(report(1, True, "a"))
+                started = time.monotonic()
+                assert link.take_decisions(wait_s=0.05) == []
+                assert time.monotonic() - started < 0.5
+                assert link.waiting_for_answer
+            finally:
+                daemon.process.send_signal(signal.SIGCONT)
+            # Once thawed, the answer arrives and is taken.
+            wait_until(lambda: not link.waiting_for_answer)
+            (late,) = link.take_decisions(wait_s=0)
+            assert late.seq == 1
+        finally:
+            link.close()

@@ -1,0 +1,78 @@
+"""Request metadata from vllm_xargs / session_id, and plugin settings from the environment."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_plugin.metadata import read_metadata
+from vllm_plugin.settings import PluginSettings, PluginSettingsError
+
+
+def request(extra_args: object = None, session_id: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(request_id="r1", session_id=session_id,
+                           sampling_params=SimpleNamespace(extra_args=extra_args))
+
+
+@pytest.mark.parametrize(
+    ("extra", "session", "job", "last", "tool"),
+    [
+        ({"job_id": "j1", "is_last_step": 0}, None, "j1", False, ""),
+        ({"job_id": "j1", "is_last_step": 1, "tool": "pytest"}, None, "j1", True, "pytest"),
+        ({"job_id": "j1", "is_last_step": "true"}, "s9", "j1", True, ""),
+        ({"job_id": 42}, None, "42", False, ""),
+        (None, "session-7", "session-7", False, ""),
+        ({}, None, "", False, ""),
+        (None, None, "", False, ""),
+    ],
+)
+def test_reads_job_metadata(extra: object, session: str | None, job: str, last: bool,
+                            tool: str) -> None:
+    meta = read_metadata(request(extra, session))
+    assert (meta.job_id, meta.is_last_step, meta.tool) == (job, last, tool)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"job_id": ["not", "a", "string"]}, "job_id"),
+        ({"is_last_step": 7}, "is_last_step"),
+        ({"job_id": "x" * 1000}, "job_id"),
+        ({"tool": {"name": "ls"}}, "tool"),
+        ({"retention_directives": "priority 100"}, "retention_directives"),
+    ],
+)
+def test_bad_fields_are_ignored_with_a_warning(
+    extra: dict[str, object], field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="kvtether.plugin"):
+        meta = read_metadata(request(extra))
+    assert f"ignoring vllm_xargs {field}=" in caplog.text
+    assert meta.job_id == "" or field != "job_id"
+
+
+def test_settings_defaults_and_overrides() -> None:
+    default = PluginSettings.from_env({})
+    assert default.daemon_address == "127.0.0.1:50051" and default.deadline_s == 0.005
+    assert not default.fail_closed and default.enabled and default.engine_id
+    custom = PluginSettings.from_env({
+        "KVTETHER_PLUGIN_DAEMON_ADDRESS": "unix:/run/k.sock",
+        "KVTETHER_PLUGIN_DEADLINE_MS": "2.5",
+        "KVTETHER_PLUGIN_FAIL_MODE": "closed",
+        "KVTETHER_PLUGIN_ENGINE_ID": "pod-a",
+        "KVTETHER_PLUGIN_ENABLED": "0",
+    })
+    assert (custom.daemon_address, custom.deadline_s, custom.fail_closed, custom.engine_id,
+            custom.enabled) == ("unix:/run/k.sock", 0.0025, True, "pod-a", False)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("DEADLINE_MS", "fast"), ("DEADLINE_MS", "-1"), ("FAIL_MODE", "sideways"),
+     ("ENABLED", "maybe"), ("DAEMON_ADDRESS", ""), ("MAX_PIN_S", "nan")],
+)
+def test_bad_settings_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{name}"):
+        PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value})

@@ -1,0 +1,378 @@
+"""The engine-side agent: reports what the scheduler did, applies what the daemon decided.
+
+It holds no policy. Contracts:
+- every method is called on the engine thread only (the scheduler's thread);
+- it never waits on the network longer than the configured deadline per step;
+- every pinned block is released exactly once: by a daemon RELEASE, by its local
+  bound, under allocation pressure, before ``reset_prefix_cache``, or at shutdown;
+- with the daemon slow, gone or restarting, scheduling is vLLM's (fail-open), pins
+  expire on their local bound, and the next connection starts with a snapshot.
+
+The scheduler is duck-typed against vLLM 0.32/0.33's ``Scheduler``: ``requests``,
+``running``, ``waiting`` / ``kv_holding_waiting`` (request queues), and
+``kv_cache_manager`` (``pop_blocks_for_free``, ``get_block_ids``, ``block_pool``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from vllm_plugin.link import DaemonLink
+from vllm_plugin.metadata import RequestMetadata, read_metadata
+from vllm_plugin.settings import PluginSettings
+
+logger = logging.getLogger("kvtether.plugin")
+
+# Priority of a request the daemon has not ranked yet: behind every ranked request,
+# FCFS among themselves (vLLM breaks ties by arrival time). The daemon's values stay
+# below this (sidecar.runtime.priorities.PRIORITY_LIMIT).
+UNRANKED_PRIORITY = 1 << 30
+# Output tokens decoded at finish to find the tool call the turn ended with.
+TOOL_TAIL_TOKENS = 512
+
+
+@dataclass(slots=True)
+class Pin:
+    request_id: str
+    job_id: str
+    blocks: list[Any]  # vLLM KVCacheBlocks, allocation order
+    pinned_at_s: float
+    # Local bound: released when the engine clock passes it, whatever happens.
+    release_at_s: float
+    confirmed: bool
+    last_sched_seq: int
+    tool: str
+
+
+def _finish_reason(status: Any) -> pb.FinishReason:
+    name = getattr(status, "name", str(status))
+    return {
+        "FINISHED_STOPPED": pb.FINISH_REASON_STOP,
+        "FINISHED_LENGTH_CAPPED": pb.FINISH_REASON_LENGTH,
+        "FINISHED_ABORTED": pb.FINISH_REASON_ABORT,
+        "FINISHED_IGNORED": pb.FINISH_REASON_ABORT,
+        "FINISHED_ERROR": pb.FINISH_REASON_ERROR,
+    }.get(name, pb.FINISH_REASON_STOP)
+
+
+class EngineAgent:
+    def __init__(
+        self,
+        scheduler: Any,
+        settings: PluginSettings,
+        link: DaemonLink | None = None,
+        clock_s: Callable[[], float] = time.time,
+        decode_tail: Callable[[Sequence[int]], str] | None = None,
+        parse_tool: Callable[[str | None, str | None], str | None] | None = None,
+    ) -> None:
+        self.sched = scheduler
+        self.settings = settings
+        self.link = link if link is not None else DaemonLink(settings.daemon_address)
+        # vLLM stamps arrivals with time.time(); the daemon decides on this clock.
+        self.clock_s = clock_s
+        self._decode_tail = decode_tail
+        self._parse_tool = parse_tool
+        self.block_pool = scheduler.kv_cache_manager.block_pool
+        self.metadata: dict[str, RequestMetadata] = {}
+        self.pins: dict[str, Pin] = {}
+        self.seq = 0
+        self.counters = pb.EngineCounters()
+        self._new: list[pb.NewRequest] = []
+        self._events: list[pb.RequestEvent] = []
+        self._released: list[str] = []
+        self._provisional_pins = False  # until the daemon's policy asks for them
+        self._pressure_order: list[str] = []
+        self._last_free_blocks = -1
+
+    # --- hooks called by the scheduler ------------------------------------------------
+    def on_add(self, request: Any) -> None:
+        """A new request, before vLLM enqueues it."""
+        meta = read_metadata(request)
+        self.metadata[request.request_id] = meta
+        request.priority = UNRANKED_PRIORITY
+        if self.link.connected:
+            self._new.append(self._new_request(request, meta, pb.REQUEST_STATE_WAITING))
+
+    def before_schedule(self) -> None:
+        """Apply whatever the daemon answered since the last step; expire local pins."""
+        wait_s = 0.0
+        if self.settings.fail_closed and self.link.waiting_for_answer:
+            wait_s = self.settings.closed_wait_s
+        self._apply(self.link.take_decisions(wait_s))
+        if not self.link.connected or self.link.waiting_for_answer:
+            self.counters.fallback_steps += 1
+        self._expire_local_pins()
+
+    def after_schedule(self, output: Any) -> None:
+        if not self.link.connected:
+            return
+        now_s = self.clock_s()
+        requests = self.sched.requests
+        for new in getattr(output, "scheduled_new_reqs", ()):
+            request = requests.get(new.req_id)
+            self._events.append(pb.RequestEvent(
+                request_id=new.req_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s,
+                cached_tokens=max(0, getattr(request, "num_cached_tokens", 0) or 0)))
+        cached = getattr(output, "scheduled_cached_reqs", None)
+        for request_id in getattr(cached, "resumed_req_ids", ()) or ():
+            self._events.append(pb.RequestEvent(
+                request_id=request_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s))
+        for request_id in getattr(output, "preempted_req_ids", None) or ():
+            self._events.append(pb.RequestEvent(
+                request_id=request_id, kind=pb.EVENT_KIND_PREEMPTED, at_s=now_s))
+
+    def on_finish(self, request: Any) -> None:
+        """A request finished (any reason), before its blocks are freed."""
+        meta = self.metadata.get(request.request_id) or RequestMetadata()
+        reason = _finish_reason(request.status)
+        tool = meta.tool
+        if not tool and not meta.is_last_step and reason == pb.FINISH_REASON_STOP:
+            tool = self._tool_of(request, meta) or ""
+        # Keep the parsed tool for the pin, should one be made right after.
+        self.metadata[request.request_id] = RequestMetadata(
+            job_id=meta.job_id, is_last_step=meta.is_last_step, tool=tool)
+        if self.link.connected:
+            self._events.append(pb.RequestEvent(
+                request_id=request.request_id, kind=pb.EVENT_KIND_FINISHED,
+                at_s=self.clock_s(), finish_reason=reason,
+                output_tokens=getattr(request, "num_output_tokens", 0), tool=tool,
+                blocks=self._blocks_of(request.request_id)))
+
+    def take_blocks(self, request: Any) -> bool:
+        """Pin a finished request's blocks instead of freeing them (provisionally, until
+        the daemon decides). True: pinned, and the request is removed from the
+        scheduler; False: the caller frees them as vLLM does."""
+        meta = self.metadata.pop(request.request_id, None) or RequestMetadata()
+        if (
+            not self._provisional_pins
+            or not self.link.connected
+            or meta.is_last_step
+            or _finish_reason(request.status) not in (pb.FINISH_REASON_STOP,
+                                                      pb.FINISH_REASON_LENGTH)
+        ):
+            return False
+        blocks = self.sched.kv_cache_manager.pop_blocks_for_free(request)
+        del self.sched.requests[request.request_id]
+        now_s = self.clock_s()
+        self.pins[request.request_id] = Pin(
+            request_id=request.request_id,
+            job_id=meta.job_id or request.request_id,
+            blocks=list(blocks),
+            pinned_at_s=now_s,
+            release_at_s=now_s + self.settings.provisional_pin_s,
+            confirmed=False,
+            last_sched_seq=getattr(request, "last_sched_seq", 0),
+            tool=meta.tool,
+        )
+        return True
+
+    def forget(self, request_id: str) -> None:
+        """A request left without a pin (its blocks were freed the vLLM way)."""
+        self.metadata.pop(request_id, None)
+
+    def after_update(self) -> None:
+        """End of a step: report what changed; wait at most the deadline for the answer
+        and apply it now, so a decision lags its report by no step at all when the
+        daemon answers in time."""
+        report = self._build_report()
+        if report is None:
+            return
+        if self.link.send(report):
+            self._apply(self.link.take_decisions(self.settings.deadline_s))
+
+    def on_allocation_failed(self) -> bool:
+        """An allocation failed: release the daemon's first pressure pin, if any, so
+        vLLM retries before preempting a running request. False: nothing released."""
+        while self._pressure_order:
+            pin = self.pins.get(self._pressure_order.pop(0))
+            if pin is not None:
+                self._release(pin, local=True)
+                return True
+        if not self.link.connected and self.pins:
+            # Daemon gone: vLLM holds no pins, so any pin gives way, oldest first.
+            oldest = min(self.pins.values(), key=lambda p: p.pinned_at_s)
+            self._release(oldest, local=True)
+            return True
+        return False
+
+    def release_all_pins(self) -> None:
+        for pin in list(self.pins.values()):
+            self._release(pin, local=True)
+
+    def close(self) -> None:
+        self.release_all_pins()
+        self.link.close()
+
+    # --- reports --------------------------------------------------------------------
+    def _new_request(
+        self, request: Any, meta: RequestMetadata, state: pb.RequestState
+    ) -> pb.NewRequest:
+        return pb.NewRequest(
+            request_id=request.request_id,
+            job_id=meta.job_id,
+            is_last_step=meta.is_last_step,
+            arrival_s=float(getattr(request, "arrival_time", 0.0) or 0.0),
+            prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0),
+            tool_hint=meta.tool,
+            state=state,
+            computed_tokens=int(getattr(request, "num_computed_tokens", 0) or 0),
+            retention_scope=meta.retention_scope,
+        )
+
+    def _kv(self) -> pb.KvCapacity:
+        return pb.KvCapacity(
+            total_blocks=int(self.block_pool.num_gpu_blocks),
+            free_blocks=int(self.block_pool.get_num_free_blocks()),
+            block_size_tokens=int(getattr(self.sched, "block_size", 0) or 0),
+        )
+
+    def _build_report(self) -> pb.StepReport | None:
+        if not self.link.connected:
+            self._new.clear()
+            self._events.clear()
+            self._released.clear()
+            return None
+        kv = self._kv()
+        if self.link.needs_snapshot:
+            self.counters.resyncs += 1
+            self.seq += 1
+            self._new.clear()
+            self._events.clear()
+            self._released.clear()
+            report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
+                                   snapshot=True, now_s=self.clock_s(), kv=kv,
+                                   counters=self.counters)
+            for request in list(self.sched.requests.values()):
+                meta = self.metadata.get(request.request_id) or read_metadata(request)
+                state = (pb.REQUEST_STATE_RUNNING if _is_running(request)
+                         else pb.REQUEST_STATE_WAITING)
+                report.new_requests.append(self._new_request(request, meta, state))
+            for pin in self.pins.values():
+                report.pins.add(request_id=pin.request_id, job_id=pin.job_id,
+                                blocks=len(pin.blocks), pinned_at_s=pin.pinned_at_s,
+                                expires_at_s=pin.release_at_s, tool=pin.tool)
+            self._last_free_blocks = kv.free_blocks
+            return report
+        # While pins are held the daemon must hear the clock move (their expiry),
+        # otherwise only a change is worth a message.
+        if not (self._new or self._events or self._released or self.pins
+                or kv.free_blocks != self._last_free_blocks):
+            return None
+        self.seq += 1
+        report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
+                               now_s=self.clock_s(), kv=kv, new_requests=self._new,
+                               events=self._events, released_pins=self._released,
+                               counters=self.counters)
+        self._new.clear()
+        self._events.clear()
+        self._released.clear()
+        self._last_free_blocks = kv.free_blocks
+        return report
+
+    # --- decisions ------------------------------------------------------------------
+    def _apply(self, decisions: Iterable[pb.StepDecision]) -> None:
+        for decision in decisions:
+            if decision.resync_requested:
+                continue
+            self._provisional_pins = decision.provisional_pins
+            if decision.HasField("pressure_release_order"):
+                self._pressure_order = list(decision.pressure_release_order.request_ids)
+            if decision.priorities:
+                self._apply_priorities(decision.priorities)
+            for pin_decision in decision.pins:
+                pin = self.pins.get(pin_decision.request_id)
+                if pin is None:
+                    continue  # released already (local bound, pressure): harmless
+                if pin_decision.action == pb.PIN_ACTION_PIN:
+                    pin.confirmed = True
+                    pin.release_at_s = min(pin_decision.expires_at_s,
+                                           pin.pinned_at_s + self.settings.max_pin_s)
+                elif pin_decision.action == pb.PIN_ACTION_RELEASE:
+                    self._release(pin, local=False)
+
+    def _apply_priorities(self, priorities: Iterable[pb.RequestPriority]) -> None:
+        requests = self.sched.requests
+        queued = []
+        for item in priorities:
+            request = requests.get(item.request_id)
+            if request is None or request.priority == item.priority:
+                continue
+            if _is_running(request):
+                request.priority = item.priority  # victims: max() over running, no heap
+            else:
+                queued.append((request, item.priority))
+        if not queued:
+            return
+        # Waiting queues are heaps ordered by (priority, arrival): take the requests
+        # out, change them, put them back — never mutate a key inside a heap.
+        moved = {request for request, _ in queued}
+        queues = [q for q in (getattr(self.sched, "waiting", None),
+                              getattr(self.sched, "kv_holding_waiting", None)) if q is not None]
+        for queue in queues:
+            queue.remove_requests(moved)
+        enqueue = getattr(self.sched, "_enqueue_waiting_request", None)  # vLLM 0.32+
+        for request, priority in queued:
+            request.priority = priority
+            if enqueue is not None:
+                enqueue(request)
+            else:
+                self.sched.waiting.add_request(request)
+
+    # --- pins -----------------------------------------------------------------------
+    def _expire_local_pins(self) -> None:
+        if not self.pins:
+            return
+        now_s = self.clock_s()
+        for pin in list(self.pins.values()):
+            # Connected and confirmed: the daemon decides expiry (it may keep a pin
+            # past its TTL while the job's next turn waits); the local bound is the
+            # backstop. Disconnected or never confirmed: the local bound decides.
+            bound_s = pin.release_at_s
+            if pin.confirmed and self.link.connected:
+                bound_s = pin.pinned_at_s + self.settings.max_pin_s
+            if now_s >= bound_s:
+                self.counters.local_pin_expiries += 1
+                self._release(pin, local=True)
+
+    def _release(self, pin: Pin, local: bool) -> None:
+        if self.pins.pop(pin.request_id, None) is None:
+            return
+        sched = self.sched
+        # The request's last step may still be writing these blocks (async
+        # scheduling): return them through vLLM's fence, as _free_request_blocks does.
+        if getattr(sched, "defer_block_free", False) and (
+            pin.last_sched_seq > getattr(sched, "processed_step_seq", pin.last_sched_seq)
+        ):
+            sched.deferred_frees.append((sched.sched_step_seq, pin.blocks))
+        else:
+            # Reverse order: the tail blocks are evicted first (vLLM's convention).
+            self.block_pool.free_blocks(reversed(pin.blocks))
+        if local and self.link.connected:
+            self._released.append(pin.request_id)
+
+    def _blocks_of(self, request_id: str) -> int:
+        try:
+            groups = self.sched.kv_cache_manager.get_block_ids(request_id)
+        except (KeyError, AttributeError, AssertionError):
+            return 0
+        return sum(len(group) for group in groups)
+
+    def _tool_of(self, request: Any, meta: RequestMetadata) -> str | None:
+        if self._decode_tail is None or self._parse_tool is None:
+            return None
+        try:
+            tail = list(request.output_token_ids[-TOOL_TAIL_TOKENS:])
+            return self._parse_tool(meta.tool or None, self._decode_tail(tail))
+        except Exception:  # a parsing failure must never fail the request
+            logger.debug("kvtether: tool parsing failed for %s", request.request_id,
+                         exc_info=True)
+            return None
+
+
+def _is_running(request: Any) -> bool:
+    return getattr(getattr(request, "status", None), "name", "") == "RUNNING"

@@ -1,0 +1,177 @@
+"""The engine's link to the daemon: one Session stream, run on a background thread.
+
+The engine thread only ever touches three methods, none of which blocks for long:
+``send(report)`` (enqueue), ``take_decisions(wait_s)`` (the decisions that arrived,
+waiting at most ``wait_s`` for the answer to the newest report) and
+``needs_snapshot`` (the next report must carry the whole state). Everything on the
+network — connecting, reconnecting with backoff, reading answers — happens on the
+link's own thread, so a slow, frozen or dead daemon costs the engine at most the
+wait it chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+
+import grpc
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import engine_session_pb2_grpc
+
+logger = logging.getLogger("kvtether.plugin")
+
+_CLOSE = object()
+# Reconnect backoff: quick at first (a daemon restart takes ~1 s), capped low so
+# the engine is back on policy soon after the daemon returns.
+_BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
+# Reports queued while disconnected are dropped: the reconnect starts with a snapshot.
+_MAX_QUEUED_REPORTS = 1024
+
+
+class DaemonLink:
+    def __init__(self, address: str, connect: bool = True) -> None:
+        self.address = address
+        # One outbox per connection: a stream that ended must not consume reports
+        # meant for its successor (gRPC may still be draining its request iterator).
+        self._outbox: queue.Queue[object] = queue.Queue(_MAX_QUEUED_REPORTS)
+        self._decisions: deque[pb.StepDecision] = deque()
+        self._answered = threading.Condition()
+        self._last_answered_seq = 0
+        self._last_sent_seq = 0
+        self._snapshot_needed = threading.Event()
+        self._snapshot_needed.set()
+        self._connected = threading.Event()
+        self._closing = threading.Event()
+        self.reconnects = 0
+        self._thread = threading.Thread(target=self._run, name="kvtether-link", daemon=True)
+        if connect:
+            self._thread.start()
+
+    # --- engine thread ------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def needs_snapshot(self) -> bool:
+        return self._snapshot_needed.is_set()
+
+    def send(self, report: pb.StepReport) -> bool:
+        """Queue a report; False (and nothing queued) when the daemon is not connected
+        or the next report must be a snapshot and this one is not."""
+        if not self._connected.is_set():
+            return False
+        if self._snapshot_needed.is_set():
+            if not report.snapshot:
+                return False
+            self._snapshot_needed.clear()
+        try:
+            self._outbox.put_nowait(report)
+        except queue.Full:
+            self._snapshot_needed.set()
+            return False
+        self._last_sent_seq = report.seq
+        return True
+
+    def take_decisions(self, wait_s: float) -> list[pb.StepDecision]:
+        """Decisions received since the last call, oldest first. Waits at most
+        ``wait_s`` for the answer to the newest report sent."""
+        with self._answered:
+            if wait_s > 0 and self._last_answered_seq < self._last_sent_seq:
+                self._answered.wait_for(
+                    lambda: self._last_answered_seq >= self._last_sent_seq
+                    or not self._connected.is_set(),
+                    timeout=wait_s,
+                )
+            taken = list(self._decisions)
+            self._decisions.clear()
+        return taken
+
+    @property
+    def waiting_for_answer(self) -> bool:
+        return self._last_answered_seq < self._last_sent_seq
+
+    def close(self) -> None:
+        self._closing.set()
+        self._end_outbox()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    # --- link thread --------------------------------------------------------------
+    @staticmethod
+    def _reports(outbox: queue.Queue[object]) -> Iterator[pb.StepReport]:
+        while True:
+            item = outbox.get()
+            if item is _CLOSE:
+                return
+            assert isinstance(item, pb.StepReport)
+            yield item
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._closing.is_set():
+            channel = grpc.insecure_channel(self.address, options=[
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ])
+            try:
+                grpc.channel_ready_future(channel).result(timeout=1.0)
+                stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+                outbox: queue.Queue[object] = queue.Queue(_MAX_QUEUED_REPORTS)
+                self._outbox = outbox
+                self._snapshot_needed.set()
+                self._connected.set()
+                if attempt or self.reconnects:
+                    logger.info("kvtether: connected to daemon at %s", self.address)
+                attempt = 0
+                for decision in stub.Session(self._reports(outbox)):
+                    self._receive(decision)
+                if self._closing.is_set():
+                    return
+            except grpc.FutureTimeoutError:
+                pass
+            except grpc.RpcError as error:
+                if not self._closing.is_set():
+                    logger.warning("kvtether: daemon session ended: %s", _describe(error))
+            finally:
+                self._disconnect()
+                self._end_outbox()  # ends this connection's request iterator
+                channel.close()
+            if self._closing.is_set():
+                return
+            self.reconnects += 1
+            time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+            attempt += 1
+
+    def _end_outbox(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._outbox.put_nowait(_CLOSE)
+
+    def _receive(self, decision: pb.StepDecision) -> None:
+        if decision.resync_requested:
+            self._snapshot_needed.set()
+        with self._answered:
+            self._decisions.append(decision)
+            self._last_answered_seq = max(self._last_answered_seq, decision.seq)
+            self._answered.notify_all()
+
+    def _disconnect(self) -> None:
+        self._connected.clear()
+        self._snapshot_needed.set()
+        with self._answered:
+            # Nothing sent before the break will be answered.
+            self._last_answered_seq = self._last_sent_seq = 0
+            self._answered.notify_all()
+
+
+def _describe(error: grpc.RpcError) -> str:
+    code = getattr(error, "code", lambda: None)()
+    details = getattr(error, "details", lambda: "")()
+    return f"{getattr(code, 'name', code)}: {details}"

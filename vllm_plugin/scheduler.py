@@ -1,0 +1,163 @@
+"""kvtether's vLLM schedulers: vLLM's own ``Scheduler`` / ``AsyncScheduler`` plus a thin
+mixin that reports to the daemon and applies its decisions.
+
+Run vLLM with::
+
+    --scheduler-cls vllm_plugin.scheduler.KvtetherScheduler --scheduling-policy priority
+
+``KvtetherScheduler`` picks the async or the sync class by
+``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
+lose vLLM's async overlap). The mixin overrides only documented hook points:
+``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
+``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; all policy lives in
+the daemon, all engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from vllm_plugin.agent import EngineAgent
+from vllm_plugin.link import DaemonLink
+from vllm_plugin.settings import PluginSettings
+
+logger = logging.getLogger("kvtether.plugin")
+
+
+def _tail_decoder(vllm_config: Any) -> Callable[[Sequence[int]], str]:
+    """Decode output tokens with the model's tokenizer, loaded on first use."""
+    tokenizer: Any = None
+
+    def decode(tokens: Sequence[int]) -> str:
+        nonlocal tokenizer
+        if tokenizer is None:
+            try:  # vLLM >= 0.32
+                from vllm.tokenizers import cached_tokenizer_from_config
+
+                tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
+            except ImportError:  # older layouts
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
+        return str(tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+    return decode
+
+
+class KvtetherMixin:
+    """Put before vLLM's scheduler class in the bases. Holds no policy."""
+
+    kvtether: EngineAgent | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = PluginSettings.from_env()
+        self.kvtether = None
+        if not settings.enabled:
+            logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
+            return
+        sched: Any = self
+        if sched.policy != SchedulingPolicy.PRIORITY:
+            raise ValueError(
+                "kvtether needs vLLM's priority policy: start vLLM with "
+                "--scheduling-policy priority"
+            )
+        from sidecar.toolcalls import resolve_tool
+
+        self.kvtether = EngineAgent(
+            self,
+            settings,
+            link=DaemonLink(settings.daemon_address),
+            decode_tail=_tail_decoder(sched.vllm_config),
+            parse_tool=resolve_tool,
+        )
+        self._wrap_allocation(self.kvtether)
+        logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
+                    "fail-%s)", settings.engine_id, settings.daemon_address,
+                    settings.deadline_s * 1000, "closed" if settings.fail_closed else "open")
+
+    def _wrap_allocation(self, agent: EngineAgent) -> None:
+        # When an allocation fails, the daemon's order decides whether a pin goes before
+        # vLLM preempts a running request: retry after each pin released. Wrapped on
+        # this scheduler's own KV cache manager instance only.
+        manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
+        allocate = manager.allocate_slots
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            blocks = allocate(request, *args, **kwargs)
+            while blocks is None and agent.on_allocation_failed():
+                blocks = allocate(request, *args, **kwargs)
+            return blocks
+
+        manager.allocate_slots = allocate_slots
+
+    # --- hooks ----------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        agent = self.kvtether
+        is_new = agent is not None and request.request_id not in self.requests  # type: ignore[attr-defined]
+        if is_new:
+            agent.on_add(request)  # type: ignore[union-attr]
+        super().add_request(request)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        agent = self.kvtether
+        if agent is not None:
+            agent.before_schedule()
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if agent is not None:
+            agent.after_schedule(output)
+        return output
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
+        if self.kvtether is not None:
+            self.kvtether.after_update()
+        return outputs
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.kvtether is not None:
+            self.kvtether.on_finish(request)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+    def _free_blocks(self, request: Any) -> None:
+        # Pins follow vLLM's invariants: blocks taken with pop_blocks_for_free, the
+        # request deleted from self.requests exactly once (by take_blocks or by vLLM).
+        if self.kvtether is not None and self.kvtether.take_blocks(request):
+            return
+        super()._free_blocks(request)  # type: ignore[misc]
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        # Pinned blocks hold references: release them first or the reset fails.
+        if self.kvtether is not None:
+            self.kvtether.release_all_pins()
+        return bool(super().reset_prefix_cache(*args, **kwargs))  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        if self.kvtether is not None:
+            self.kvtether.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+class KvtetherSyncScheduler(KvtetherMixin, Scheduler):
+    """vLLM's synchronous scheduler with kvtether."""
+
+
+class KvtetherAsyncScheduler(KvtetherMixin, AsyncScheduler):
+    """vLLM's async (overlapped) scheduler with kvtether."""
+
+
+class KvtetherScheduler:
+    """The class to name in ``--scheduler-cls``: builds the sync or async variant to
+    match ``scheduler_config.async_scheduling``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        vllm_config: Any = kwargs.get("vllm_config", args[0] if args else None)
+        async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+        chosen = KvtetherAsyncScheduler if async_scheduling else KvtetherSyncScheduler
+        return chosen(*args, **kwargs)

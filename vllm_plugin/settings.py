@@ -1,0 +1,80 @@
+"""Plugin settings, from ``KVTETHER_PLUGIN_*`` environment variables (read once, at start).
+
+- ``KVTETHER_PLUGIN_DAEMON_ADDRESS`` (127.0.0.1:50051): the daemon, host:port or unix:PATH.
+- ``KVTETHER_PLUGIN_ENGINE_ID`` (hostname:pid): this engine's name in the daemon.
+- ``KVTETHER_PLUGIN_DEADLINE_MS`` (5): longest the engine thread waits for a decision
+  per step.
+- ``KVTETHER_PLUGIN_FAIL_MODE`` (open): ``open`` schedules natively at once without a
+  fresh decision; ``closed`` first waits up to ``KVTETHER_PLUGIN_CLOSED_WAIT_S`` (1.0)
+  for one (then natively all the same: no request fails).
+- ``KVTETHER_PLUGIN_PROVISIONAL_PIN_S`` (2.0): a finished turn's blocks are held this
+  long until the daemon confirms or releases them.
+- ``KVTETHER_PLUGIN_MAX_PIN_S`` (60.0): local bound on any pin, whatever the daemon says.
+- ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
+
+A bad value stops the engine at start-up with a message naming the variable: a
+misconfigured plugin must not silently run without its daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PREFIX = "KVTETHER_PLUGIN_"
+
+
+class PluginSettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    daemon_address: str = "127.0.0.1:50051"
+    engine_id: str = ""
+    deadline_s: float = 0.005
+    fail_closed: bool = False
+    closed_wait_s: float = 1.0
+    provisional_pin_s: float = 2.0
+    max_pin_s: float = 60.0
+    enabled: bool = True
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> PluginSettings:
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: float, minimum: float = 0.0) -> float:
+            raw = env.get(PREFIX + name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise PluginSettingsError(
+                    f"{PREFIX}{name}: expected a number, got {raw!r}") from None
+            if not value >= minimum or value != value:
+                raise PluginSettingsError(f"{PREFIX}{name}: must be >= {minimum}, got {raw!r}")
+            return value
+
+        fail_mode = env.get(PREFIX + "FAIL_MODE", "open").strip().lower()
+        if fail_mode not in ("open", "closed"):
+            raise PluginSettingsError(f"{PREFIX}FAIL_MODE: expected open or closed, got "
+                                      f"{fail_mode!r}")
+        enabled = env.get(PREFIX + "ENABLED", "1").strip().lower()
+        if enabled not in ("0", "1", "true", "false", "yes", "no"):
+            raise PluginSettingsError(f"{PREFIX}ENABLED: expected 0 or 1, got {enabled!r}")
+        address = env.get(PREFIX + "DAEMON_ADDRESS", "127.0.0.1:50051").strip()
+        if not address:
+            raise PluginSettingsError(f"{PREFIX}DAEMON_ADDRESS: must not be empty")
+        return PluginSettings(
+            daemon_address=address,
+            engine_id=env.get(PREFIX + "ENGINE_ID") or f"{socket.gethostname()}:{os.getpid()}",
+            deadline_s=number("DEADLINE_MS", 5.0) / 1000.0,
+            fail_closed=fail_mode == "closed",
+            closed_wait_s=number("CLOSED_WAIT_S", 1.0),
+            provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),
+            max_pin_s=number("MAX_PIN_S", 60.0),
+            enabled=enabled in ("1", "true", "yes"),
+        )
