@@ -52,6 +52,8 @@ case "${1:-}" in
     ;;
   test)
     ensure_venv dev
+    say "installing the vLLM CPU engine (first run only)"
+    scripts/install_engine.sh "$PY"
     ensure_redis_server
     shift
     say "checking generated stubs, lint and types"

@@ -88,6 +88,7 @@ class EngineAgent:
         self._provisional_pins = False  # until the daemon's policy asks for them
         self._pressure_order: list[str] = []
         self._last_free_blocks = -1
+        self._admission_stalled = False
 
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
@@ -99,7 +100,12 @@ class EngineAgent:
             self._new.append(self._new_request(request, meta, pb.REQUEST_STATE_WAITING))
 
     def before_schedule(self) -> None:
-        """Apply whatever the daemon answered since the last step; expire local pins."""
+        """Apply whatever the daemon answered since the last step; expire local pins.
+        Requests that arrived since the last report are reported first (and their
+        ranks waited for, within the deadline), so a new request is admitted in the
+        policy's order from its very first step."""
+        if self._new:
+            self.flush()
         wait_s = 0.0
         if self.settings.fail_closed and self.link.waiting_for_answer:
             wait_s = self.settings.closed_wait_s
@@ -109,15 +115,17 @@ class EngineAgent:
         self._expire_local_pins()
 
     def after_schedule(self, output: Any) -> None:
+        self._admission_stalled = not getattr(output, "total_num_scheduled_tokens", 1) and bool(
+            len(self.sched.waiting) + len(getattr(self.sched, "kv_holding_waiting", ()))
+        )
         if not self.link.connected:
             return
         now_s = self.clock_s()
-        requests = self.sched.requests
         for new in getattr(output, "scheduled_new_reqs", ()):
-            request = requests.get(new.req_id)
+            # At admission, computed tokens are the prefix-cache hit.
             self._events.append(pb.RequestEvent(
                 request_id=new.req_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s,
-                cached_tokens=max(0, getattr(request, "num_cached_tokens", 0) or 0)))
+                cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0)))
         cached = getattr(output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", ()) or ():
             self._events.append(pb.RequestEvent(
@@ -176,18 +184,26 @@ class EngineAgent:
         self.metadata.pop(request_id, None)
 
     def after_update(self) -> None:
-        """End of a step: report what changed; wait at most the deadline for the answer
-        and apply it now, so a decision lags its report by no step at all when the
-        daemon answers in time."""
+        """End of a step: report what changed (see :meth:`flush`)."""
+        self.flush()
+
+    def flush(self) -> None:
+        """Report what changed; wait at most the deadline for the answer and apply it
+        now, so a decision lags its report by no step at all when the daemon answers
+        in time."""
         report = self._build_report()
         if report is None:
             return
         if self.link.send(report):
             self._apply(self.link.take_decisions(self.settings.deadline_s))
 
-    def on_allocation_failed(self) -> bool:
-        """An allocation failed: release the daemon's first pressure pin, if any, so
-        vLLM retries before preempting a running request. False: nothing released."""
+    def on_allocation_failed(self, request: Any) -> bool:
+        """An allocation for a running request failed: release the daemon's first
+        pressure pin, if any, so vLLM retries before preempting a running request.
+        A waiting request's failed admission releases nothing (vLLM just stops
+        admitting; it never preempts for one). False: nothing released."""
+        if not _is_running(request):
+            return False
         while self._pressure_order:
             pin = self.pins.get(self._pressure_order.pop(0))
             if pin is not None:
@@ -229,6 +245,7 @@ class EngineAgent:
             total_blocks=int(self.block_pool.num_gpu_blocks),
             free_blocks=int(self.block_pool.get_num_free_blocks()),
             block_size_tokens=int(getattr(self.sched, "block_size", 0) or 0),
+            admission_stalled=self._admission_stalled,
         )
 
     def _build_report(self) -> pb.StepReport | None:

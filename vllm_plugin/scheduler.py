@@ -91,7 +91,7 @@ class KvtetherMixin:
 
         def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
             blocks = allocate(request, *args, **kwargs)
-            while blocks is None and agent.on_allocation_failed():
+            while blocks is None and agent.on_allocation_failed(request):
                 blocks = allocate(request, *args, **kwargs)
             return blocks
 

@@ -56,6 +56,8 @@ class KvView:
     total_blocks: int
     free_blocks: int
     block_size_tokens: int
+    # The engine's last step scheduled nothing although requests waited.
+    admission_stalled: bool = False
 
     @property
     def used_fraction(self) -> float:

@@ -96,6 +96,7 @@ class EngineMirror:
                 total_blocks=report.kv.total_blocks,
                 free_blocks=report.kv.free_blocks,
                 block_size_tokens=report.kv.block_size_tokens,
+                admission_stalled=report.kv.admission_stalled,
             )
         if report.HasField("counters"):
             self.counters.CopyFrom(report.counters)

