@@ -89,6 +89,7 @@ class EngineAgent:
         self._pressure_order: list[str] = []
         self._last_free_blocks = -1
         self._admission_stalled = False
+        self._reported_this_step = False
 
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
@@ -104,6 +105,7 @@ class EngineAgent:
         Requests that arrived since the last report are reported first (and their
         ranks waited for, within the deadline), so a new request is admitted in the
         policy's order from its very first step."""
+        self._reported_this_step = False
         if self._new:
             self.flush()
         wait_s = 0.0
@@ -184,8 +186,10 @@ class EngineAgent:
         self.metadata.pop(request_id, None)
 
     def after_update(self) -> None:
-        """End of a step: report what changed (see :meth:`flush`)."""
-        self.flush()
+        """End of a step: report what changed (see :meth:`flush`), once per step."""
+        if not self._reported_this_step:
+            self._reported_this_step = True
+            self.flush()
 
     def flush(self) -> None:
         """Report what changed; wait at most the deadline for the answer and apply it

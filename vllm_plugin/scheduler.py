@@ -117,8 +117,15 @@ class KvtetherMixin:
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().update_from_output(*args, **kwargs)  # type: ignore[misc]
         if self.kvtether is not None:
-            self.kvtether.after_update()
+            self.kvtether.after_update()  # no-op if make_stats already reported
         return outputs
+
+    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
+        # vLLM computes this step's KV usage here, at the end of update_from_output:
+        # report first, so pins the daemon releases now are already gone from it.
+        if self.kvtether is not None:
+            self.kvtether.after_update()
+        return super().make_stats(*args, **kwargs)  # type: ignore[misc]
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         if self.kvtether is not None:

@@ -51,6 +51,7 @@ class Engine:
         wait_until(lambda: self.agent.link.connected)
         self.start_free = self.free()
         self.cached_tokens: dict[str, int] = {}
+        self.preemptions = 0
 
     def free(self) -> int:
         return int(self._free_blocks(self.sched))
@@ -71,6 +72,7 @@ class Engine:
         from vllm_plugin.inprocess import step
 
         output = step(self.sched)
+        self.preemptions += len(output.preempted_req_ids or ())
         for new in output.scheduled_new_reqs:
             # Computed tokens at admission = the prefix-cache hit.
             self.cached_tokens.setdefault(new.req_id, new.num_computed_tokens)
@@ -193,9 +195,7 @@ def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> No
         engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
                    last=True, max_tokens=24)
     engine.drain()
-    assert sum(r.num_preemptions for r in []) == 0  # requests are gone; count below
-    stats = engine.sched.make_stats()
-    assert stats is not None
+    assert engine.preemptions > 0, "the load should exceed the KV cache"
     assert not engine.agent.pins
     assert engine.free() == engine.start_free
 

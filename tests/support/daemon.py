@@ -78,3 +78,39 @@ def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Da
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+
+
+class DaemonController:
+    """A daemon on a fixed address that tests can stop, kill and restart (another
+    policy, same address): the engine's link reconnects to whatever serves there."""
+
+    def __init__(self, *extra_args: str) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[str] | None = None
+        self.policy = ""
+
+    def start(self, policy: str = "continuum") -> None:
+        self.stop()
+        self.policy = policy
+        self.process = subprocess.Popen(
+            serve_command("--listen", self.address, "--metrics-port", "-1",
+                          "--policy", policy, *self.extra_args),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        wait_serving(self.address, process=self.process)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.process = None

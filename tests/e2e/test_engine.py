@@ -1,0 +1,193 @@
+"""The plugin on a real vLLM engine (CPU build), driven over HTTP with the OpenAI client.
+
+Reproduces the pin verification of reference/continuum-kv-pinning-verification.txt:
+KV usage rises each turn, holds through each tool gap while pinned, and drops to 0
+right after the last step; the next turn hits the prefix cache because of the pin,
+and under the same pressure with fcfs it does not.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+import grpc
+import openai
+
+from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
+from tests.e2e.conftest import LiveEngine
+from vllm_plugin.launch import scrape
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+def client(engine: LiveEngine) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{engine.base_url}/v1", api_key="unused", timeout=120,
+                         max_retries=0)
+
+
+class AgentJob:
+    """A multi-turn agent: each turn's prompt is the whole conversation so far plus the
+    tool output of the previous turn."""
+
+    def __init__(self, engine: LiveEngine, job_id: str, seed: int) -> None:
+        self.client = client(engine)
+        self.job_id = job_id
+        self.messages: list[dict[str, str]] = [
+            {"role": "system", "content": f"agent {seed}: " + "You fix bugs in a repo. " * 30},
+            {"role": "user", "content": f"task {seed}: make the failing test pass. " * 12},
+        ]
+        self.seed = seed
+
+    def turn(self, last: bool, tool: str = "ls", max_tokens: int = 16) -> Any:
+        answer = self.client.chat.completions.create(
+            model="tiny", messages=self.messages, max_tokens=max_tokens,  # type: ignore[arg-type]
+            extra_body={"vllm_xargs": {"job_id": self.job_id, "is_last_step": int(last),
+                                       "tool": tool},
+                        "ignore_eos": True},
+        )
+        self.messages.append({"role": "assistant", "content": answer.choices[0].message.content
+                              or ""})
+        self.messages.append({"role": "user", "content": f"$ {tool}\n"
+                              + f"src/module_{self.seed}.py tests/test_{self.seed}.py " * 8})
+        return answer
+
+
+def cached_tokens(answer: Any) -> int:
+    details = answer.usage.prompt_tokens_details
+    return int(getattr(details, "cached_tokens", 0) or 0)
+
+
+def flood(engine: LiveEngine, tag: str, count: int = 16, words: int = 220) -> None:
+    """Unrelated concurrent requests that together need more KV than is free."""
+    api = client(engine)
+
+    def one(index: int) -> None:
+        api.chat.completions.create(
+            model="tiny", max_tokens=8, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": f"{tag}-{index} " + f"w{index} " * words}])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=count) as pool:
+        list(pool.map(one, range(count)))
+
+
+def kv_usage(engine: LiveEngine) -> float:
+    return scrape(engine.base_url)[KV_USAGE]
+
+
+def wait_for_daemon_engine(engine: LiveEngine, timeout_s: float = 15.0) -> float:
+    """Seconds until the daemon has the engine's session again. An idle engine does not
+    step, so a one-token request is sent every poll to make it report (and resync)."""
+    started = time.monotonic()
+    api = client(engine)
+    with grpc.insecure_channel(engine.daemon.address) as channel:
+        inspect = inspect_pb2_grpc.InspectStub(channel)
+        while True:
+            try:
+                policy = inspect.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=2)
+                if engine.engine_id in policy.engines:
+                    return time.monotonic() - started
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() - started < timeout_s, "engine did not reconnect"
+            api.completions.create(model="tiny", prompt="ping", max_tokens=1)
+            time.sleep(0.05)
+
+
+def ensure_policy(engine: LiveEngine, policy: str) -> None:
+    if engine.daemon.policy != policy or engine.daemon.process is None:
+        engine.daemon.start(policy)
+    wait_for_daemon_engine(engine)
+
+
+def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine) -> None:  # type: ignore[no-untyped-def]
+    ensure_policy(engine, "continuum")
+    assert kv_usage(engine) == 0.0
+    job = AgentJob(engine, "verify-pins", seed=1)
+    usages, hits = [], []
+    for turn in range(5):
+        last = turn == 4
+        answer = job.turn(last=last)
+        hits.append(cached_tokens(answer))
+        usage = kv_usage(engine)
+        usages.append(usage)
+        if last:
+            break
+        # The simulated tool runs ~1 s (< Continuum's 2 s TTL): usage holds.
+        for _ in range(3):
+            time.sleep(0.3)
+            assert kv_usage(engine) == usage, f"turn {turn + 1}: pinned blocks were freed"
+    assert all(a < b for a, b in zip(usages[:3], usages[1:4], strict=True)), usages
+    assert usages[4] == 0.0, "the last step frees the job's KV"
+    assert hits[0] == 0 and all(hit > 0 for hit in hits[1:]), hits
+
+
+def test_pin_keeps_context_under_a_flood_and_fcfs_does_not(engine) -> None:  # type: ignore[no-untyped-def]
+    hits = {}
+    for policy in ("continuum", "fcfs"):
+        ensure_policy(engine, policy)
+        job = AgentJob(engine, f"flooded-{policy}", seed=2 if policy == "continuum" else 3)
+        job.turn(last=False)
+        flood(engine, tag=f"flood-{policy}")
+        hits[policy] = cached_tokens(job.turn(last=True))
+        assert kv_usage(engine) == 0.0, policy
+    assert hits["continuum"] > 0, hits
+    assert hits["fcfs"] < hits["continuum"], hits
+
+
+def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
+             mid_run: Any = None) -> list[Exception]:
+    """Concurrent agent jobs; returns the failures (there must be none)."""
+    failures: list[Exception] = []
+
+    def run(index: int) -> None:
+        job = AgentJob(engine, f"{prefix}-{index}", seed=100 + index)
+        for turn in range(turns):
+            try:
+                job.turn(last=turn == turns - 1, max_tokens=160)
+            except Exception as error:  # collected and asserted on below
+                failures.append(error)
+                return
+            time.sleep(0.05)  # tool time
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run, index) for index in range(jobs)]
+        if mid_run is not None:
+            mid_run()
+        for future in futures:
+            future.result()
+    return failures
+
+
+def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine) -> None:  # type: ignore[no-untyped-def]
+    ensure_policy(engine, "continuum")
+    before = scrape(engine.base_url)
+    failures = run_jobs(engine, "pressure", jobs=10, turns=3)
+    after = scrape(engine.base_url)
+    assert failures == []
+    assert after[PREEMPTIONS] > before[PREEMPTIONS], "the load should exceed the KV cache"
+    assert after[KV_USAGE] == 0.0, "every block is back in the pool after the drain"
+
+
+def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engine) -> None:  # type: ignore[no-untyped-def]
+    ensure_policy(engine, "continuum")
+
+    def kill_then_revive() -> None:
+        time.sleep(1.0)
+        engine.daemon.kill()
+        time.sleep(2.0)
+        engine.daemon.start("continuum")
+
+    failures = run_jobs(engine, "killed", jobs=6, turns=4, mid_run=kill_then_revive)
+    assert failures == []
+    # Back on policy within a second or so of the daemon's return, once the engine steps.
+    assert wait_for_daemon_engine(engine) < 5.0
+    # Pins made before the kill end on their local bound (10 s at most); any step
+    # applies it.
+    deadline = time.monotonic() + 15
+    while kv_usage(engine) != 0.0:
+        assert time.monotonic() < deadline, "pinned blocks leaked"
+        client(engine).completions.create(model="tiny", prompt="tick", max_tokens=1)
+        time.sleep(0.5)

