@@ -9,6 +9,7 @@ and under the same pressure with fcfs it does not.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import time
 from typing import Any
 
@@ -119,7 +120,7 @@ def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine) 
         for _ in range(3):
             time.sleep(0.3)
             assert kv_usage(engine) == usage, f"turn {turn + 1}: pinned blocks were freed"
-    assert all(a < b for a, b in zip(usages[:3], usages[1:4], strict=True)), usages
+    assert all(a < b for a, b in itertools.pairwise(usages[:4])), usages
     assert usages[4] == 0.0, "the last step frees the job's KV"
     assert hits[0] == 0 and all(hit > 0 for hit in hits[1:]), hits
 
