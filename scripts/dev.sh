@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: installs what kvtether needs, then runs it.
 #
-#   scripts/dev.sh demo   # install, then run the daemon and show how to inspect it
+#   scripts/dev.sh demo   # install, then daemon + vLLM-CPU engine + plugin + an agent workload
 #   scripts/dev.sh test   # install (test tools and Redis too), then lint + the whole suite
 #
 # Idempotent: a second run only checks what is already there.
@@ -47,6 +47,8 @@ ensure_redis_server() {
 case "${1:-}" in
   demo)
     ensure_venv dev
+    say "installing the vLLM CPU engine (first run only)"
+    scripts/install_engine.sh "$PY"
     shift
     exec "$PY" -m sidecar.demo "$@"
     ;;

@@ -15,9 +15,12 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from sidecar.config import DaemonConfig
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
@@ -86,6 +89,16 @@ def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
     put("grace_s", args.grace_s)
     put("log_level", args.log_level)
     return flags
+
+
+def parse_serve_config(argv: Sequence[str], config_path: Path | None = None) -> DaemonConfig:
+    """The configuration ``kvtether serve ARGV`` would run with (flags, environment,
+    file). ``config_path`` reads the file from another path than ``--config`` names
+    (e.g. the host copy of a file a container mounts). Raises ConfigError."""
+    from sidecar.config import load_config
+
+    args = _parser().parse_args(["serve", *argv])
+    return load_config(config_path or args.config, _serve_flags(args))
 
 
 def _fail(message: str, code: int = EXIT_CONFIG) -> int:

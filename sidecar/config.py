@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -43,6 +50,20 @@ class ListenConfig(_Section):
     tcp: str = "127.0.0.1:50051"
     # Path of a Unix socket for gRPC; empty disables it.
     unix_socket: str = ""
+    # Permissions of the socket file, octal: group read-write lets a sidecar's peer
+    # container (same fsGroup, another uid) connect.
+    unix_socket_mode: str = "0660"
+
+    @field_validator("unix_socket_mode")
+    @classmethod
+    def _octal_mode(cls, value: str) -> str:
+        try:
+            mode = int(value, 8)
+        except ValueError:
+            raise ValueError(f"expected an octal mode like 0660, got {value!r}") from None
+        if not 0 <= mode <= 0o777:
+            raise ValueError(f"expected an octal mode like 0660, got {value!r}")
+        return value
 
     @field_validator("tcp")
     @classmethod
@@ -78,6 +99,70 @@ class StoreConfig(_Section):
         return value or None
 
 
+MIN_TOKEN_CHARS = 16
+MAX_SCOPE_CHARS = 256
+
+
+def _check_tokens(tokens: Mapping[str, Any], source: str) -> dict[str, str]:
+    # Messages name the scope, never the token: they end up in logs.
+    checked: dict[str, str] = {}
+    for token, scope in tokens.items():
+        if not isinstance(token, str) or not isinstance(scope, str):
+            raise ValueError(f"{source}: tokens and scopes must be strings")
+        if not scope or len(scope) > MAX_SCOPE_CHARS:
+            raise ValueError(f"{source}: scope {scope[:32]!r} must have 1-{MAX_SCOPE_CHARS} "
+                             "characters")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"{source}: the token of scope {scope!r} is shorter than "
+                             f"{MIN_TOKEN_CHARS} characters")
+        if not all(33 <= ord(char) <= 126 for char in token):
+            raise ValueError(f"{source}: the token of scope {scope!r} must be printable "
+                             "ASCII without spaces")
+        checked[token] = scope
+    return checked
+
+
+class AuthConfig(_Section):
+    """Authenticated retention scopes: each bearer token (gRPC metadata
+    ``authorization: Bearer <token>``) maps to the scope it acts as. None configured:
+    callers' scopes are claimed, not authenticated (a warning at start-up)."""
+
+    tokens: dict[str, str] = Field(default_factory=dict)
+    # A YAML (or JSON) mapping of token to scope, e.g. a mounted secret.
+    tokens_file: Path | None = None
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_tokens(value, "tokens")
+
+    @model_validator(mode="after")
+    def _file(self) -> AuthConfig:
+        self.token_scopes()  # a bad or unreadable file fails at start-up
+        return self
+
+    def token_scopes(self) -> dict[str, str]:
+        """Every configured token and its scope (``tokens`` and ``tokens_file``)."""
+        merged = dict(self.tokens)
+        if self.tokens_file is not None:
+            try:
+                data = yaml.safe_load(self.tokens_file.read_text())
+            except OSError as error:
+                raise ValueError(f"tokens_file {self.tokens_file}: "
+                                 f"{error.strerror or error}") from error
+            except yaml.YAMLError as error:
+                raise ValueError(f"tokens_file {self.tokens_file}: malformed YAML") from error
+            if not isinstance(data, dict) or not data:
+                raise ValueError(f"tokens_file {self.tokens_file}: expected a mapping of "
+                                 "token to scope")
+            for token, scope in _check_tokens(data, f"tokens_file {self.tokens_file}").items():
+                if merged.get(token, scope) != scope:
+                    raise ValueError(f"tokens_file {self.tokens_file}: a token maps to "
+                                     f"{merged[token]!r} in tokens and {scope!r} here")
+                merged[token] = scope
+        return merged
+
+
 class DaemonConfig(BaseSettings):
     """Everything `kvtether serve` needs; every field has a working default."""
 
@@ -89,6 +174,7 @@ class DaemonConfig(BaseSettings):
     listen: ListenConfig = ListenConfig()
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
     # SIGTERM: health flips to NOT_SERVING, then in-flight calls get this long to finish.
     grace_s: float = Field(5.0, ge=0)
     log_level: str = "info"
@@ -178,4 +264,6 @@ def as_log_fields(config: DaemonConfig) -> dict[str, Any]:
             fields[section] = values
     if fields.get("store.redis_url"):
         fields["store.redis_url"] = _redact(fields["store.redis_url"])
+    # Tokens are secrets: log only which scopes they authenticate.
+    fields["auth.tokens"] = sorted(set(config.auth.tokens.values()))
     return fields

@@ -87,6 +87,7 @@ class EngineAgent:
         self._released: list[str] = []
         self._provisional_pins = False  # until the daemon's policy asks for them
         self._pressure_order: list[str] = []
+        self._pressure_max_running: int | None = None
         self._last_free_blocks = -1
         self._admission_stalled = False
         self._reported_this_step = False
@@ -208,6 +209,9 @@ class EngineAgent:
         admitting; it never preempts for one). False: nothing released."""
         if not _is_running(request):
             return False
+        if (self._pressure_max_running is not None
+                and len(self.sched.running) > self._pressure_max_running):
+            return False
         while self._pressure_order:
             pin = self.pins.get(self._pressure_order.pop(0))
             if pin is not None:
@@ -302,7 +306,10 @@ class EngineAgent:
                 continue
             self._provisional_pins = decision.provisional_pins
             if decision.HasField("pressure_release_order"):
-                self._pressure_order = list(decision.pressure_release_order.request_ids)
+                order = decision.pressure_release_order
+                self._pressure_order = list(order.request_ids)
+                self._pressure_max_running = (order.max_running if order.HasField("max_running")
+                                              else None)
             if decision.priorities:
                 self._apply_priorities(decision.priorities)
             for pin_decision in decision.pins:

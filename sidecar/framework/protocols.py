@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from sidecar.framework.types import FinishInput, Ordering, PinRelease, RetainDecision, StepView
+from sidecar.framework.types import (
+    FinishInput,
+    Ordering,
+    PinRelease,
+    PressureOrder,
+    RetainDecision,
+    StepView,
+)
 
 
 @runtime_checkable
@@ -50,10 +57,11 @@ class PressureRelief(Protocol):
 
 @runtime_checkable
 class PinsUnderPressure(Protocol):
-    def order_pins_under_pressure(self, step: StepView) -> Ordering:
-        """Pins the engine may release, first first, when an allocation fails *before*
-        vLLM preempts a running request. Pins left out are kept (vLLM preempts
-        instead). The engine applies this order between decisions, without asking."""
+    def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
+        """Pins the engine may release, first first, when an allocation for a running
+        request fails, *before* vLLM preempts one. Pins left out are kept (vLLM
+        preempts instead). The engine applies this between decisions, without asking,
+        and only while its running count is within ``max_running``."""
         ...
 
 

@@ -211,6 +211,17 @@ class Ordering:
 
 
 @dataclass(frozen=True, slots=True)
+class PressureOrder:
+    """Pins the engine may release, first first, when an allocation for a running
+    request fails — valid only while at most ``max_running`` requests run (None: any
+    number). The engine applies it between decisions, so the condition travels with it."""
+
+    request_ids: Sequence[str]
+    max_running: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PinRelease:
     """Pins the policy wants released now."""
 

@@ -23,6 +23,7 @@ from sidecar.framework.types import (
     Ordering,
     PinRelease,
     PinView,
+    PressureOrder,
     RequestView,
     RetainDecision,
     StepView,
@@ -75,12 +76,12 @@ class NativePolicy:
     def release_under_pressure(self, step: StepView) -> PinRelease:
         return PinRelease((), "")
 
-    def order_pins_under_pressure(self, step: StepView) -> Ordering:
+    def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
         # vLLM holds no pins: any pin gives way before a running request is
         # preempted, the one closest to expiry first.
         ordered = sorted(step.pins, key=lambda p: (p.expires_at_s, p.request_id))
-        return Ordering(tuple(p.request_id for p in ordered),
-                        "native: pins give way before preemption, earliest expiry first")
+        return PressureOrder(tuple(p.request_id for p in ordered), None,
+                             "native: pins give way before preemption, earliest expiry first")
 
     def expire(self, step: StepView) -> PinRelease:
         expired = tuple(p.request_id for p in step.pins if p.expires_at_s <= step.now_s)

@@ -7,6 +7,7 @@ writes a step causes (history events, tool-time samples) are handed to the
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -33,7 +34,7 @@ class EngineDecisionState:
     """Per-engine memory of what was sent, so only changes are sent again."""
 
     sent_priority: dict[str, int] = field(default_factory=dict)
-    sent_pressure_order: tuple[str, ...] | None = None
+    sent_pressure_order: tuple[tuple[str, ...], int | None] | None = None
 
 
 class DecisionLog:
@@ -102,9 +103,12 @@ class Decider:
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
         self._decide_priorities(mirror, step, state, decision)
-        pressure_order = tuple(self.policy.order_pins_under_pressure(step).request_ids)
+        order = self.policy.order_pins_under_pressure(step)
+        pressure_order = (tuple(order.request_ids), order.max_running)
         if pressure_order != state.sent_pressure_order:
-            decision.pressure_release_order.request_ids.extend(pressure_order)
+            decision.pressure_release_order.request_ids.extend(pressure_order[0])
+            if order.max_running is not None:
+                decision.pressure_release_order.max_running = order.max_running
             state.sent_pressure_order = pressure_order
         decision.decide_us = (time.perf_counter_ns() - started_ns) // 1000
         return decision
@@ -241,7 +245,8 @@ class Decider:
                 job_id=job_id,
                 kind=kind,
                 reason=reason,
-                inputs={key: str(value) for key, value in inputs.items()},
+                inputs={key: value if isinstance(value, str) else json.dumps(value)
+                        for key, value in inputs.items()},
                 at_s=mirror.now_s,
                 seq=seq,
                 policy=self.policy.name,

@@ -9,6 +9,7 @@ flushed, then exit 0.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -114,6 +115,8 @@ class Daemon:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.config.listen.unix_socket:
+            os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
         self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(

@@ -1,4 +1,12 @@
-"""gRPC Retention: orchestrators set, read back and clear directives per job or session."""
+"""gRPC Retention: orchestrators set, read back and clear directives per job or session.
+
+Who the caller is: with auth tokens configured, the scope of the caller's bearer token
+(``authorization: Bearer <token>``) — a mutation without a valid one is
+UNAUTHENTICATED and the request's ``scope`` field is ignored; without tokens, the
+``scope`` the request claims. Reads need no token. Ownership is decided atomically in
+the store (``sidecar.retention.directives``); every accepted change is written through
+to the directory the decision path reads, so it applies from the next engine step.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import structlog
 
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
+from sidecar.retention.auth import Authenticator, Unauthenticated
 from sidecar.retention.directives import (
     DirectiveError,
     OwnershipError,
@@ -17,49 +26,63 @@ from sidecar.retention.directives import (
     set_rule,
     validate,
 )
+from sidecar.retention.directory import RetentionDirectory, target_of
+from sidecar.retention.ownership import ANONYMOUS
 from sidecar.store import Store, StoreError, keys
 
 log = structlog.get_logger("kvtether.retention")
 
 
-def _target_key(target: pb.RetentionTarget) -> str:
-    kind = target.WhichOneof("target")
-    if kind is None:
-        raise DirectiveError("target", "set job_id or session_id")
-    value = getattr(target, kind)
-    if not value:
-        raise DirectiveError(f"target.{kind}", "must not be empty")
-    return keys.retention_directive(f"{kind.removesuffix('_id')}:{value}")
-
-
 class RetentionService(retention_pb2_grpc.RetentionServicer):
-    def __init__(self, store: Store, directive_ttl_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        directive_ttl_s: float,
+        directory: RetentionDirectory | None = None,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self._store = store
         self._ttl_ms = int(directive_ttl_s * 1000)
+        self._directory = directory
+        self._auth = authenticator if authenticator is not None else Authenticator({})
         self.tool_announcements: dict[str, tuple[str, float]] = {}
+
+    async def _caller(self, claimed_scope: str, context: grpc.aio.ServicerContext) -> str:
+        """The caller's scope for a mutation; aborts UNAUTHENTICATED without a valid token."""
+        if not self._auth.enabled:
+            return claimed_scope
+        try:
+            return self._auth.scope_of(context.invocation_metadata())
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+            raise  # unreachable: abort raises
 
     async def SetDirectives(
         self, request: pb.SetDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetDirectivesResponse:
+        scope = await self._caller(request.scope, context)
         try:
-            key = _target_key(request.target)
+            target = target_of(request.target)
             validate(request.config)
+            key = keys.retention_directive(target)
             stored = await self._store.transact(
-                [key], set_rule(key, request.scope, request.config, time.time(), self._ttl_ms))
+                [key], set_rule(key, scope, request.config, time.time(), self._ttl_ms))
         except DirectiveError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except OwnershipError as error:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         except StoreError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store: {error}")
-        log.info("retention_set", key=key, owner_scope=stored.owner_scope)
+        if self._directory is not None:
+            self._directory.put(target, stored)
+        log.info("retention_set", target=target, scope=scope, owner_scope=stored.owner_scope)
         return pb.SetDirectivesResponse(effective=stored.config, owner_scope=stored.owner_scope)
 
     async def GetDirectives(
         self, request: pb.GetDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDirectivesResponse:
         try:
-            raw = await self._store.get(_target_key(request.target))
+            raw = await self._store.get(keys.retention_directive(target_of(request.target)))
         except DirectiveError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except StoreError as error:
@@ -74,22 +97,29 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
     async def ClearDirectives(
         self, request: pb.ClearDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClearDirectivesResponse:
+        scope = await self._caller(request.scope, context)
         try:
-            key = _target_key(request.target)
-            cleared = await self._store.transact([key], clear_rule(key, request.scope))
+            target = target_of(request.target)
+            key = keys.retention_directive(target)
+            cleared = await self._store.transact([key], clear_rule(key, scope))
         except DirectiveError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except OwnershipError as error:
-            code = (grpc.StatusCode.UNAUTHENTICATED if not request.scope
+            code = (grpc.StatusCode.UNAUTHENTICATED if scope == ANONYMOUS
                     else grpc.StatusCode.PERMISSION_DENIED)
             await context.abort(code, str(error))
         except StoreError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store: {error}")
+        if cleared and self._directory is not None:
+            self._directory.put(target, None)
+        if cleared:
+            log.info("retention_cleared", target=target, scope=scope)
         return pb.ClearDirectivesResponse(cleared=cleared)
 
     async def AnnounceToolCall(
         self, request: pb.AnnounceToolCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.AnnounceToolCallResponse:
+        await self._caller("", context)
         if not request.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: must not be empty")
         if not request.tool:

@@ -18,6 +18,7 @@ import openai
 
 from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
 from tests.e2e.conftest import LiveEngine
+from vllm_plugin.client import AgentJob, cached_tokens
 from vllm_plugin.launch import scrape
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -29,36 +30,8 @@ def client(engine: LiveEngine) -> openai.OpenAI:
                          max_retries=0)
 
 
-class AgentJob:
-    """A multi-turn agent: each turn's prompt is the whole conversation so far plus the
-    tool output of the previous turn."""
-
-    def __init__(self, engine: LiveEngine, job_id: str, seed: int) -> None:
-        self.client = client(engine)
-        self.job_id = job_id
-        self.messages: list[dict[str, str]] = [
-            {"role": "system", "content": f"agent {seed}: " + "You fix bugs in a repo. " * 30},
-            {"role": "user", "content": f"task {seed}: make the failing test pass. " * 12},
-        ]
-        self.seed = seed
-
-    def turn(self, last: bool, tool: str = "ls", max_tokens: int = 16) -> Any:
-        answer = self.client.chat.completions.create(
-            model="tiny", messages=self.messages, max_tokens=max_tokens,  # type: ignore[arg-type]
-            extra_body={"vllm_xargs": {"job_id": self.job_id, "is_last_step": int(last),
-                                       "tool": tool},
-                        "ignore_eos": True},
-        )
-        self.messages.append({"role": "assistant", "content": answer.choices[0].message.content
-                              or ""})
-        self.messages.append({"role": "user", "content": f"$ {tool}\n"
-                              + f"src/module_{self.seed}.py tests/test_{self.seed}.py " * 8})
-        return answer
-
-
-def cached_tokens(answer: Any) -> int:
-    details = answer.usage.prompt_tokens_details
-    return int(getattr(details, "cached_tokens", 0) or 0)
+def agent(engine: LiveEngine, job_id: str, seed: int) -> AgentJob:
+    return AgentJob(client(engine), job_id, seed)
 
 
 def flood(engine: LiveEngine, tag: str, count: int = 16, words: int = 220) -> None:
@@ -106,7 +79,7 @@ def ensure_policy(engine: LiveEngine, policy: str) -> None:
 def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine) -> None:  # type: ignore[no-untyped-def]
     ensure_policy(engine, "continuum")
     assert kv_usage(engine) == 0.0
-    job = AgentJob(engine, "verify-pins", seed=1)
+    job = agent(engine, "verify-pins", seed=1)
     usages, hits = [], []
     for turn in range(5):
         last = turn == 4
@@ -129,7 +102,7 @@ def test_pin_keeps_context_under_a_flood_and_fcfs_does_not(engine) -> None:  # t
     hits = {}
     for policy in ("continuum", "fcfs"):
         ensure_policy(engine, policy)
-        job = AgentJob(engine, f"flooded-{policy}", seed=2 if policy == "continuum" else 3)
+        job = agent(engine, f"flooded-{policy}", seed=2 if policy == "continuum" else 3)
         job.turn(last=False)
         flood(engine, tag=f"flood-{policy}")
         hits[policy] = cached_tokens(job.turn(last=True))
@@ -144,7 +117,7 @@ def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
     failures: list[Exception] = []
 
     def run(index: int) -> None:
-        job = AgentJob(engine, f"{prefix}-{index}", seed=100 + index)
+        job = agent(engine, f"{prefix}-{index}", seed=100 + index)
         for turn in range(turns):
             try:
                 job.turn(last=turn == turns - 1, max_tokens=160)

@@ -190,3 +190,11 @@ def test_daemon_runs_on_redis(redis_url: str) -> None:
         policy = json.loads(grpcurl("-plaintext", daemon.address,
                                     "kvtether.v1.Inspect/GetPolicy"))
         assert policy["store_backend"] == "redis" and policy["name"] == "fcfs"
+
+
+def test_unix_socket_serves_with_group_access(tmp_path: Path) -> None:
+    socket_path = tmp_path / "kvtether.sock"
+    with running_daemon("--unix-socket", str(socket_path)):
+        assert oct(socket_path.stat().st_mode & 0o777) == "0o660"
+        listed = grpcurl("-plaintext", "-unix", str(socket_path), "list")
+        assert "kvtether.v1.EngineSession" in listed

@@ -196,12 +196,10 @@ def port_of(address: str) -> int:
 def effective_config(args: list[str], config_path: Path | None = None) -> DaemonConfig:
     """What ``kvtether <args>`` would run with: parsed by the real CLI parser, the config
     file read from config_path (the host copy of the file mounted in the container)."""
-    parsed = cli._parser().parse_args(args)
-    assert parsed.command == "serve", f"daemon command is not `serve`: {args}"
-    if parsed.config is not None:
-        assert config_path is not None, f"no host file for --config {parsed.config}"
-    return load_config(config_path if parsed.config is not None else None,
-                       cli._serve_flags(parsed))
+    assert args and args[0] == "serve", f"daemon command is not `serve`: {args}"
+    if "--config" in args:
+        assert config_path is not None, f"no host file for {args}"
+    return cli.parse_serve_config(args[1:], config_path if "--config" in args else None)
 
 
 def compose_config_file(variant: str) -> Path:
@@ -528,7 +526,8 @@ def test_images_are_tagged_with_the_project_version() -> None:
 
 # --- the daemon command lines, through the real CLI ----------------------------------
 
-def daemon_command_lines(tmp_path: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+def daemon_command_lines(tmp_path: Path, socket_path: Path
+                         ) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Every daemon command line the deployment files carry, made runnable here:
     container paths → host files, ports → free ones, the socket → a temporary path.
     Returns name → (args, extra environment)."""
@@ -538,7 +537,7 @@ def daemon_command_lines(tmp_path: Path) -> dict[str, tuple[list[str], dict[str,
         args = with_flag(args, "--config", str(compose_config_file(variant)))
         lines[f"compose-{variant}"] = (args, {})
     args = with_flag(sidecar_container()["args"], "--config", str(configmap_file(tmp_path)))
-    args = with_flag(args, "--unix-socket", str(short_socket_path()))
+    args = with_flag(args, "--unix-socket", str(socket_path))
     lines["k8s-sidecar"] = (args, {})
     lines["image-default-cmd"] = (daemon_image_cmd(), {})
     for name, (args, env) in lines.items():
@@ -552,15 +551,18 @@ def daemon_command_lines(tmp_path: Path) -> dict[str, tuple[list[str], dict[str,
     return lines
 
 
-def short_socket_path() -> Path:
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
     # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.
-    return Path(tempfile.mkdtemp(prefix="kvt-")) / "kvtether.sock"
+    with tempfile.TemporaryDirectory(prefix="kvt-") as directory:
+        yield Path(directory) / "kvtether.sock"
 
 
 @pytest.mark.parametrize("name", ["compose-gpu", "compose-cpu", "k8s-sidecar",
                                   "image-default-cmd"])
-def test_daemon_command_line_passes_the_cli_check(name: str, tmp_path: Path) -> None:
-    args, env = daemon_command_lines(tmp_path)[name]
+def test_daemon_command_line_passes_the_cli_check(name: str, tmp_path: Path,
+                                                  socket_path: Path) -> None:
+    args, env = daemon_command_lines(tmp_path, socket_path)[name]
     # --check validates flags, file, environment and the policy without connecting to
     # Redis, so the deployment's own Redis URL (redis://redis:6379/0) is checked as is.
     done = subprocess.run(serve_command(*args[1:], "--check"), capture_output=True, text=True,
@@ -626,6 +628,21 @@ def test_kustomization_lists_every_manifest() -> None:
     used = {c["image"].split(":")[0] for c in [*pod_spec()["containers"],
                                                *pod_spec()["initContainers"]]}
     assert images <= used, f"kustomization.yaml retags {images - used}, which no pod uses"
+
+
+@pytest.mark.parametrize("kubernetes_version", ["1.29.0", "1.33.0"])
+def test_manifests_match_the_kubernetes_api_schema(kubernetes_version: str) -> None:
+    # Strict: an unknown field (a typo, or a field newer than the version) fails.
+    # 1.29 is the first release with native sidecars on by default.
+    validator = pytest.importorskip("kubernetes_validate")
+    for item in k8s_objects():
+        document = {key: value for key, value in item.items() if key != "__file__"}
+        try:
+            validator.validate(document, kubernetes_version, strict=True)
+        except validator.ValidationError as error:
+            pytest.fail(f"deploy/k8s/{item['__file__']}: {item['kind']} "
+                        f"{item['metadata']['name']} is invalid in Kubernetes "
+                        f"{kubernetes_version}: {error.message}")
 
 
 def test_daemon_is_a_native_sidecar_with_grpc_probes(tmp_path: Path) -> None:
@@ -893,11 +910,10 @@ def test_compose_daemon_runs_on_redis_and_passes_its_healthcheck(redis_url: str)
     assert done.returncode != 0, "the compose healthcheck passes with no daemon"
 
 
-def test_kubernetes_sidecar_serves_the_plugin_over_its_socket(redis_url: str,
-                                                              tmp_path: Path) -> None:
+def test_kubernetes_sidecar_serves_the_plugin_over_its_socket(redis_url: str, tmp_path: Path,
+                                                              socket_path: Path) -> None:
     daemon, engine = sidecar_container(), vllm_container()
     config_file = configmap_file(tmp_path)
-    socket_path = short_socket_path()
     port, metrics_port = free_port(), free_port()
     container_socket = flag_value(daemon["args"], "--unix-socket") or ""
     args = with_flag(daemon["args"], "--config", str(config_file))

@@ -15,6 +15,7 @@ from sidecar.framework.types import (
     FinishInput,
     Ordering,
     PinRelease,
+    PressureOrder,
     RequestView,
     RetainDecision,
     StepView,
@@ -165,15 +166,13 @@ class ContinuumPolicy(NativePolicy):
             else "",
         )
 
-    def order_pins_under_pressure(self, step: StepView) -> Ordering:
+    def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
         """Continuum breaks a pin on a failed allocation only when at most one request
         runs (``pop_running_request_based_on_last_step``): latest expiry first.
         Otherwise it preempts a running request and keeps every pin."""
-        if len(step.running) > 1:
-            return Ordering((), "continuum: >1 running: preempt, keep pins")
         ordered = sorted(step.pins, key=lambda p: (p.expires_at_s, p.request_id), reverse=True)
-        return Ordering(tuple(p.request_id for p in ordered),
-                        "continuum: <=1 running: steal pins, latest expiry first")
+        return PressureOrder(tuple(p.request_id for p in ordered), 1,
+                             "continuum: steal pins only while <=1 runs, latest expiry first")
 
     # --- expiry: TTL over and no request of the job waiting -----------------------
 

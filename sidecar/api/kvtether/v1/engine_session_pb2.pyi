@@ -157,16 +157,18 @@ class EngineCounters(_message.Message):
     def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ...) -> None: ...
 
 class PinDecision(_message.Message):
-    __slots__ = ("request_id", "action", "expires_at_s", "retention_priority")
+    __slots__ = ("request_id", "action", "expires_at_s", "retention_priority", "retention_duration_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_S_FIELD_NUMBER: _ClassVar[int]
     RETENTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_DURATION_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     action: PinAction
     expires_at_s: float
     retention_priority: int
-    def __init__(self, request_id: _Optional[str] = ..., action: _Optional[_Union[PinAction, str]] = ..., expires_at_s: _Optional[float] = ..., retention_priority: _Optional[int] = ...) -> None: ...
+    retention_duration_s: float
+    def __init__(self, request_id: _Optional[str] = ..., action: _Optional[_Union[PinAction, str]] = ..., expires_at_s: _Optional[float] = ..., retention_priority: _Optional[int] = ..., retention_duration_s: _Optional[float] = ...) -> None: ...
 
 class RequestPriority(_message.Message):
     __slots__ = ("request_id", "priority")
@@ -177,12 +179,14 @@ class RequestPriority(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class BlockRetention(_message.Message):
-    __slots__ = ("request_id", "config")
+    __slots__ = ("request_id", "config", "scope")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     config: _retention_pb2.RetentionConfig
-    def __init__(self, request_id: _Optional[str] = ..., config: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ...) -> None: ...
+    scope: str
+    def __init__(self, request_id: _Optional[str] = ..., config: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class StepDecision(_message.Message):
     __slots__ = ("seq", "resync_requested", "priorities", "pins", "retention", "policy", "decide_us", "provisional_pins", "pressure_release_order")
@@ -207,7 +211,9 @@ class StepDecision(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: _Optional[bool] = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ...) -> None: ...
 
 class PinOrder(_message.Message):
-    __slots__ = ("request_ids",)
+    __slots__ = ("request_ids", "max_running")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_running: int
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., max_running: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,321 @@
+"""The twin: vLLM's real scheduler and block pool on a virtual clock, fed an agent workload.
+
+Each iteration is one engine step, as in vLLM's EngineCore loop: requests that have
+arrived are added, ``schedule()`` runs, the step-time model says how long the GPU would
+take for what was scheduled, the clock moves by that much, and ``update_from_output``
+gets the tokens a model would have sampled. A turn that finishes sends the job's next
+turn after its tool time. With nothing to run, the clock jumps to the next arrival
+(the engine sleeps); with requests but nothing schedulable (e.g. every block pinned)
+it spins in ``idle_step_s`` steps, as the engine's busy loop does.
+
+With a policy other than ``native`` the scheduler is kvtether's plugin
+(``KvtetherScheduler`` on vLLM's priority policy) talking to a real ``kvtether serve``
+subprocess. The plugin's agent reads the virtual clock and waits for every decision
+(``KVTETHER_PLUGIN_DEADLINE_MS`` = 10 s), so the daemon decides on report times only
+and a run is a deterministic function of its inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.twin.steptime import StepTimeModel, shape_of
+from benchmarks.twin.workload import Workload, job_tokens
+
+MODEL_DIR = Path(__file__).resolve().parent / "model" / "llama-3.1-8b"
+POLICIES = ("native", "fcfs", "continuum", "contextserve")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """vLLM's settings for the reference setup (``vllm serve`` on one RTX 5090)."""
+
+    num_blocks: int = 5402
+    block_size: int = 16
+    max_model_len: int = 4096
+    # vLLM's defaults for an OpenAI server on a GPU with < 70 GiB.
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    # One pass of the engine loop with nothing schedulable.
+    idle_step_s: float = 0.002
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    job_index: int
+    turn: int  # 1-based
+    arrival_s: float
+    prompt_tokens: int
+    cached_tokens: int | None = None  # prefix-cache hit at first admission
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    output_tokens: int = 0
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class Sample:
+    t_s: float
+    running: int
+    waiting: int
+    pinned_blocks: int
+    pins: int
+    free_blocks: int
+    kv_usage: float
+    jobs_in_flight: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    turns: dict[str, TurnRecord]
+    job_arrival_s: list[float]
+    job_finish_s: list[float | None]
+    samples: list[Sample] = field(default_factory=list)
+    steps: int = 0
+    idle_steps: int = 0
+    busy_s: float = 0.0
+    end_s: float = 0.0
+    preemptions: int = 0
+    wall_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    plugin_counters: dict[str, int] = field(default_factory=dict)
+    pins_at_end: int = 0
+    leaked_blocks: int = 0
+
+
+@contextlib.contextmanager
+def _plugin_env(address: str) -> Iterator[None]:
+    values = {
+        "KVTETHER_PLUGIN_DAEMON_ADDRESS": address,
+        "KVTETHER_PLUGIN_ENGINE_ID": "twin",
+        # Wait for every decision: the run must not depend on how fast this box is.
+        "KVTETHER_PLUGIN_DEADLINE_MS": "10000",
+        "KVTETHER_PLUGIN_FAIL_MODE": "open",
+        "KVTETHER_PLUGIN_ENABLED": "1",
+    }
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
+                 daemon_address: str | None) -> Any:
+    """vLLM's Scheduler (``native``: its own FCFS policy) or kvtether's plugin scheduler
+    connected to the daemon at ``daemon_address``, both on ``clock``."""
+    from vllm_plugin.inprocess import build_scheduler
+
+    common = dict(num_blocks=config.num_blocks, block_size=config.block_size,
+                  max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                  max_num_batched_tokens=config.max_num_batched_tokens)
+    if policy == "native":
+        return build_scheduler(MODEL_DIR, policy="fcfs", **common)
+    if daemon_address is None:
+        raise ValueError(f"policy {policy!r} needs a daemon")
+    from vllm_plugin.scheduler import KvtetherScheduler
+
+    with _plugin_env(daemon_address):
+        scheduler = build_scheduler(MODEL_DIR, policy="priority",
+                                    scheduler_cls=KvtetherScheduler, **common)
+    agent = scheduler.kvtether
+    agent.clock_s = clock
+    # Tools are named by the client (vllm_xargs "tool"): no output to parse, and the
+    # twin's model directory has no tokenizer.
+    agent._decode_tail = None
+    deadline = time.monotonic() + 30
+    while not agent.link.connected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the plugin did not connect to {daemon_address}")
+        time.sleep(0.01)
+    return scheduler
+
+
+def _make_request(request_id: str, prompt: list[int], max_tokens: int, arrival_s: float,
+                  extra_args: dict[str, Any], block_size: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    global _hash_ready
+    if not _hash_ready:
+        init_none_hash(sha256)
+        _hash_ready = True
+    from benchmarks.twin.workload import STOP_TOKEN_ID
+
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        # The answer ends with the stop token (FINISHED_STOPPED) unless it hits the cap.
+        sampling_params=SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
+                                       extra_args=extra_args),
+        pooling_params=None,
+        arrival_time=arrival_s,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
+
+
+_hash_ready = False
+
+
+def _model_output(scheduler: Any, scheduler_output: Any,
+                  next_token: Callable[[Any], int]) -> Any:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(scheduler_output.num_scheduled_tokens)
+    requests = scheduler.requests
+    sampled = []
+    for request_id in ids:
+        request = requests[request_id]
+        sampled.append([] if request.is_prefill_chunk else [next_token(request)])
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={request_id: index for index, request_id in enumerate(ids)},
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
+             config: EngineConfig, clock: VirtualClock, sample_every_s: float = 0.5,
+             progress: Callable[[str], None] | None = None) -> SimResult:
+    started = time.perf_counter()
+    jobs = workload.jobs
+    pool = scheduler.kv_cache_manager.block_pool
+    start_free = pool.get_num_free_blocks()
+    agent = getattr(scheduler, "kvtether", None)
+    result = SimResult(turns={}, job_arrival_s=[j.arrival_s for j in jobs],
+                       job_finish_s=[None] * len(jobs))
+    tokens: dict[int, list[int]] = {}  # job index -> its tokens, while it runs
+    job_of_request: dict[str, tuple[int, int]] = {}
+    events: list[tuple[float, int, int, int]] = []  # (time, order, job, turn)
+    order = 0
+    for index, job in enumerate(jobs):
+        events.append((job.arrival_s, order, index, 0))
+        order += 1
+    heapq.heapify(events)
+    in_flight = 0
+    next_sample_s = 0.0
+    next_progress_s = 10.0
+
+    def next_token(request: Any) -> int:
+        job_index, _ = job_of_request[request.request_id]
+        return tokens[job_index][request.num_tokens]
+
+    while events or scheduler.has_unfinished_requests():
+        while events and events[0][0] <= clock.now_s:
+            at_s, _, job_index, turn_index = heapq.heappop(events)
+            job = jobs[job_index]
+            turn = job.turns[turn_index]
+            if turn_index == 0:
+                tokens[job_index] = job_tokens(job, workload.max_output_tokens)
+                in_flight += 1
+            request_id = f"{job.job_id}-t{turn_index + 1}"
+            extra: dict[str, Any] = {"job_id": job.job_id, "is_last_step": int(turn.is_last_step)}
+            if turn.tool:
+                extra["tool"] = turn.tool
+            job_of_request[request_id] = (job_index, turn_index)
+            result.turns[request_id] = TurnRecord(job_index, turn_index + 1, at_s,
+                                                  turn.prompt_tokens)
+            scheduler.add_request(_make_request(
+                request_id, tokens[job_index][:turn.prompt_tokens], workload.max_output_tokens,
+                at_s, extra, config.block_size))
+        if not scheduler.has_unfinished_requests():
+            clock.now_s = events[0][0]  # the engine sleeps until the next request
+            continue
+
+        output = scheduler.schedule()
+        shape = shape_of(scheduler, output)
+        step_s = step_model.step_s(shape)
+        result.steps += 1
+        if shape.empty:
+            result.idle_steps += 1
+            step_s = config.idle_step_s
+        else:
+            result.busy_s += step_s
+            result.prefill_tokens += shape.prefill_tokens
+            result.decode_tokens += shape.decode_seqs
+        for new in output.scheduled_new_reqs:
+            record = result.turns[new.req_id]
+            if record.cached_tokens is None:
+                record.cached_tokens = int(new.num_computed_tokens)
+        for request_id in output.preempted_req_ids or ():
+            result.turns[request_id].preemptions += 1
+            result.preemptions += 1
+        clock.now_s += step_s
+        outputs = scheduler.update_from_output(output, _model_output(scheduler, output,
+                                                                     next_token))
+        now_s = clock.now_s
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                record = result.turns[out.request_id]
+                if out.new_token_ids and record.first_token_s is None:
+                    record.first_token_s = now_s
+                record.output_tokens += len(out.new_token_ids)
+                if out.finish_reason is None:
+                    continue
+                record.finish_s = now_s
+                job_index, turn_index = job_of_request.pop(out.request_id)
+                job = jobs[job_index]
+                turn = job.turns[turn_index]
+                if record.output_tokens != turn.output_tokens:
+                    raise AssertionError(f"{out.request_id}: {record.output_tokens} output "
+                                         f"tokens, the workload says {turn.output_tokens}")
+                if turn.is_last_step:
+                    result.job_finish_s[job_index] = now_s
+                    del tokens[job_index]
+                    in_flight -= 1
+                else:
+                    heapq.heappush(events, (now_s + turn.tool_time_s, order, job_index,
+                                            turn_index + 1))
+                    order += 1
+        if now_s >= next_sample_s:
+            pins = agent.pins if agent is not None else {}
+            running = len(scheduler.running)
+            result.samples.append(Sample(
+                t_s=round(now_s, 4), running=running,
+                waiting=len(scheduler.requests) - running,
+                pinned_blocks=sum(len(p.blocks) for p in pins.values()), pins=len(pins),
+                free_blocks=pool.get_num_free_blocks(), kv_usage=round(pool.get_usage(), 4),
+                jobs_in_flight=in_flight))
+            next_sample_s = now_s + sample_every_s
+        if progress is not None and now_s >= next_progress_s:
+            done = sum(1 for f in result.job_finish_s if f is not None)
+            progress(f"t={now_s:7.1f} s  jobs done {done}/{len(jobs)}  running "
+                     f"{len(scheduler.running)}  steps {result.steps}  wall "
+                     f"{time.perf_counter() - started:6.1f} s")
+            next_progress_s = now_s + 10.0
+    result.end_s = clock.now_s
+    if agent is not None:
+        result.pins_at_end = len(agent.pins)
+        counters = agent.counters
+        result.plugin_counters = {name: int(getattr(counters, name)) for name in
+                                  ("fallback_steps", "resyncs", "local_pin_expiries")}
+        agent.release_all_pins()
+    result.leaked_blocks = start_free - pool.get_num_free_blocks()
+    result.wall_s = time.perf_counter() - started
+    return result

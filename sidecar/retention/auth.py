@@ -1,0 +1,59 @@
+"""Authenticated retention scopes: a bearer token (gRPC metadata
+``authorization: Bearer <token>``) maps to the one scope it may act as.
+
+With tokens configured (``auth.tokens`` / ``auth.tokens_file``), a mutation's scope is
+the token's, whatever the request claims, and a mutation without a valid token is
+refused (UNAUTHENTICATED). Without tokens, scopes are whatever callers claim; the
+daemon says so in a warning at start-up.
+
+Tokens are kept only as SHA-256 digests, and looked up by digest: how long a lookup
+takes says nothing about how close a guess was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+
+AUTHORIZATION = "authorization"
+_SCHEME = "bearer"
+
+
+class Unauthenticated(Exception):
+    """No valid bearer token; the message says what was wrong (never the token)."""
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class Authenticator:
+    def __init__(self, token_scopes: Mapping[str, str]) -> None:
+        self._scope_by_digest = {_digest(token): scope for token, scope in token_scopes.items()}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._scope_by_digest)
+
+    @property
+    def scopes(self) -> list[str]:
+        return sorted(set(self._scope_by_digest.values()))
+
+    def scope_of(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+        """The scope the caller's token authenticates. Raises Unauthenticated."""
+        values = [value for key, value in metadata or () if key.lower() == AUTHORIZATION]
+        if not values:
+            raise Unauthenticated(
+                "authorization: missing; send gRPC metadata 'authorization: Bearer <token>'")
+        if len(values) > 1:
+            raise Unauthenticated("authorization: sent more than once")
+        value = values[0]
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        scheme, _, token = text.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != _SCHEME or not token:
+            raise Unauthenticated("authorization: expected 'Bearer <token>'")
+        scope = self._scope_by_digest.get(_digest(token))
+        if scope is None:
+            raise Unauthenticated("authorization: unknown token")
+        return scope

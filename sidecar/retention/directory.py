@@ -1,0 +1,153 @@
+"""The daemon's in-memory view of the directives in the store, for the decision path
+(which does no I/O).
+
+- This daemon's Retention service writes through it on every Set and Clear, so a
+  directive is in force for the next engine step.
+- When a job's request arrives and the job's entry is missing or older than
+  ``refresh_s``, the entry is fetched from the store in the background (directives
+  set through another daemon sharing the Redis store); if it changed, ``generation``
+  moves on and the decider re-sends the effective priorities of the live requests.
+- The store keeps each directive under its TTL (PEXPIRE); an entry here is only a
+  cache of it, bounded to ``max_entries`` (least recently used dropped first).
+
+Called from the daemon's event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.api.v1 import retention_pb2 as pb
+from sidecar.retention.directives import StoredDirective
+from sidecar.retention.ranges import DirectiveError
+from sidecar.store import Store, StoreError, keys
+
+log = structlog.get_logger("kvtether.retention")
+
+# What a job id is looked up as: directives pushed for the job and for the session
+# (vLLM's session id is the job id when the client names no job).
+TARGET_KINDS = ("job", "session")
+
+
+def target_of(target: pb.RetentionTarget) -> str:
+    """``job:<id>`` or ``session:<id>``. Raises DirectiveError naming the field."""
+    kind = target.WhichOneof("target")
+    if kind is None:
+        raise DirectiveError("target", "set job_id or session_id")
+    value = getattr(target, kind)
+    if not value:
+        raise DirectiveError(f"target.{kind}", "must not be empty")
+    return f"{kind.removesuffix('_id')}:{value}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    directive: StoredDirective | None
+    fetched_at_s: float
+    # Bumped by every write-through: a fetch that started before one is stale.
+    version: int
+
+
+def _same(a: StoredDirective | None, b: StoredDirective | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.owner_scope == b.owner_scope and (
+        a.config.SerializeToString(deterministic=True)
+        == b.config.SerializeToString(deterministic=True)
+    )
+
+
+class RetentionDirectory:
+    def __init__(
+        self,
+        store: Store,
+        refresh_s: float = 1.0,
+        max_entries: int = 100_000,
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._refresh_s = refresh_s
+        self._max_entries = max_entries
+        self._clock_s = clock_s
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._fetching: dict[str, asyncio.Task[None]] = {}
+        # Moves on whenever any entry's directive changes.
+        self.generation = 0
+
+    def put(self, target: str, directive: StoredDirective | None) -> None:
+        """Write-through: ``target`` now holds ``directive`` (None: cleared)."""
+        old = self._entries.get(target)
+        version = 0 if old is None else old.version + 1
+        self._store_entry(target, _Entry(directive, self._clock_s(), version),
+                          changed=not _same(None if old is None else old.directive, directive))
+
+    def for_job(self, job_id: str) -> list[StoredDirective]:
+        """The directives pushed for a job (as a job, then as a session), as known now;
+        refreshes stale entries in the background."""
+        found = []
+        now_s = self._clock_s()
+        for kind in TARGET_KINDS:
+            target = f"{kind}:{job_id}"
+            entry = self._entries.get(target)
+            if entry is None or now_s - entry.fetched_at_s >= self._refresh_s:
+                self._fetch_later(target, entry)
+            if entry is not None:
+                self._entries.move_to_end(target)
+                if entry.directive is not None:
+                    found.append(entry.directive)
+        return found
+
+    async def close(self) -> None:
+        tasks = list(self._fetching.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- internals ----------------------------------------------------------------
+    def _store_entry(self, target: str, entry: _Entry, changed: bool) -> None:
+        self._entries[target] = entry
+        self._entries.move_to_end(target)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+        if changed:
+            self.generation += 1
+
+    def _fetch_later(self, target: str, entry: _Entry | None) -> None:
+        if target in self._fetching:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no event loop (a synchronous test): write-through only
+        version = -1 if entry is None else entry.version
+        task = loop.create_task(self._fetch(target, version), name=f"retention-fetch {target}")
+        self._fetching[target] = task
+        task.add_done_callback(lambda _done: self._fetching.pop(target, None))
+
+    async def _fetch(self, target: str, version: int) -> None:
+        try:
+            raw = await self._store.get(keys.retention_directive(target))
+            directive = StoredDirective.decode(raw) if raw is not None else None
+        except (StoreError, ValueError, KeyError) as error:
+            log.warning("retention_fetch_failed", target=target, error=str(error))
+            directive, failed = None, True
+        else:
+            failed = False
+        current = self._entries.get(target)
+        if current is not None and current.version != version:
+            return  # written through while fetching: that is newer
+        if failed:
+            if current is not None:  # keep what we had; try again after refresh_s
+                self._store_entry(target, _Entry(current.directive, self._clock_s(),
+                                                 current.version), changed=False)
+            return
+        next_version = 0 if current is None else current.version + 1
+        self._store_entry(target, _Entry(directive, self._clock_s(), next_version),
+                          changed=not _same(None if current is None else current.directive,
+                                            directive))
