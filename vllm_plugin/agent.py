@@ -22,6 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.retention.ranges import (
+    DirectiveError,
+    Protection,
+    block_protections,
+    from_request_directives,
+)
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.metadata import RequestMetadata, read_metadata
 from vllm_plugin.settings import PluginSettings
@@ -91,6 +97,17 @@ class EngineAgent:
         self._last_free_blocks = -1
         self._admission_stalled = False
         self._reported_this_step = False
+        # Installs / removes the pin-aware allocation wrapper (set by the scheduler).
+        self.allocation_hook: Callable[[bool], None] | None = None
+        # Decision lag: steps between sending a report and applying its answer.
+        # lag_counts[k] counts answers applied k steps late (last bucket: >= that).
+        self.step_index = 0
+        self.lag_counts = [0] * 8
+        self._sent_at_step: dict[int, int] = {}
+        # Retention: the effective priorities the daemon sent per live request, applied
+        # to its blocks when they are freed (vllm_plugin.retention; None: not installed).
+        self.retention: dict[str, pb.BlockRetention] = {}
+        self._retain_blocks = getattr(self.block_pool, "retain", None)
 
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
@@ -107,13 +124,19 @@ class EngineAgent:
         ranks waited for, within the deadline), so a new request is admitted in the
         policy's order from its very first step."""
         self._reported_this_step = False
+        self.step_index += 1
         if self._new:
-            self.flush()
+            self.flush()  # ranks come with the next step; until then they queue last
+        # Fail-open: schedule now with what has arrived; fail-closed: wait for it first.
         wait_s = 0.0
-        if self.settings.fail_closed and self.link.waiting_for_answer:
-            wait_s = self.settings.closed_wait_s
+        if self.link.waiting_for_answer:
+            wait_s = (self.settings.closed_wait_s if self.settings.fail_closed
+                      else 0.0)
         self._apply(self.link.take_decisions(wait_s))
-        if not self.link.connected or self.link.waiting_for_answer:
+        # On policy: connected, and no answer overdue (one in flight since the last
+        # step is the normal one-step lag). Otherwise this step is vLLM's own.
+        overdue = any(sent < self.step_index - 1 for sent in self._sent_at_step.values())
+        if not self.link.connected or overdue:
             self.counters.fallback_steps += 1
         self._expire_local_pins()
 
@@ -170,6 +193,8 @@ class EngineAgent:
         blocks = self.sched.kv_cache_manager.pop_blocks_for_free(request)
         del self.sched.requests[request.request_id]
         now_s = self.clock_s()
+        if not self.pins and self.allocation_hook is not None:
+            self.allocation_hook(True)
         self.pins[request.request_id] = Pin(
             request_id=request.request_id,
             job_id=meta.job_id or request.request_id,
@@ -185,22 +210,49 @@ class EngineAgent:
     def forget(self, request_id: str) -> None:
         """A request left without a pin (its blocks were freed the vLLM way)."""
         self.metadata.pop(request_id, None)
+        self.retention.pop(request_id, None)
+
+    def retain(self, request: Any) -> None:
+        """The request's blocks are about to be freed (finish, preemption, pin): give
+        them, in the block pool's side table, the priorities the daemon sent for it."""
+        retention = self.retention.get(request.request_id)
+        if retention is None or self._retain_blocks is None:
+            return
+        if request.is_finished():
+            del self.retention[request.request_id]
+        manager = self.sched.kv_cache_manager
+        groups = manager.get_blocks(request.request_id).blocks
+        prompt_tokens = int(request.num_prompt_tokens)
+        for group, blocks in enumerate(groups):
+            if not blocks:
+                continue
+            block_size = _block_size(manager, group, default=self.sched.block_size)
+            protections = block_protections(retention.config, len(blocks), block_size,
+                                            prompt_tokens)
+            self._retain_blocks(blocks, protections, retention.scope)
 
     def after_update(self) -> None:
-        """End of a step: report what changed (see :meth:`flush`), once per step."""
+        """End of a step: report what changed, once per step. The answer is applied at
+        the next ``schedule()`` (a lag of one step; on a GPU the model's forward pass
+        hides the round trip) — except when the engine is about to go idle: then the
+        answer is waited for (within the deadline) and applied now, because an idle
+        engine does not step again and a pin released now must not stay held."""
         if not self._reported_this_step:
             self._reported_this_step = True
-            self.flush()
+            self.flush(wait=not self.sched.has_unfinished_requests())
 
-    def flush(self) -> None:
-        """Report what changed; wait at most the deadline for the answer and apply it
-        now, so a decision lags its report by no step at all when the daemon answers
-        in time."""
+    def flush(self, wait: bool = False) -> None:
+        """Report what changed; with ``wait``, wait at most the deadline for the answer
+        and apply it now."""
         report = self._build_report()
         if report is None:
             return
         if self.link.send(report):
-            self._apply(self.link.take_decisions(self.settings.deadline_s))
+            if report.snapshot:
+                self._sent_at_step.clear()  # answers to an older session never come
+            self._sent_at_step[report.seq] = self.step_index
+            if wait:
+                self._apply(self.link.take_decisions(self.settings.deadline_s))
 
     def on_allocation_failed(self, request: Any) -> bool:
         """An allocation for a running request failed: release the daemon's first
@@ -245,8 +297,22 @@ class EngineAgent:
             tool_hint=meta.tool,
             state=state,
             computed_tokens=int(getattr(request, "num_computed_tokens", 0) or 0),
+            retention=self._retention_config(request.request_id, meta),
             retention_scope=meta.retention_scope,
         )
+
+    @staticmethod
+    def _retention_config(request_id: str, meta: RequestMetadata) -> Any:
+        """The request's own directives on the wire (None when it sent none); the
+        daemon validates their meaning. A shape the wire cannot carry is ignored with
+        a warning: the request runs as if it had sent none."""
+        if not meta.retention_directives:
+            return None
+        try:
+            return from_request_directives(meta.retention_directives)
+        except DirectiveError as error:
+            logger.warning("kvtether: request %s: ignoring vllm_xargs %s", request_id, error)
+            return None
 
     def _kv(self) -> pb.KvCapacity:
         return pb.KvCapacity(
@@ -269,6 +335,7 @@ class EngineAgent:
             self._new.clear()
             self._events.clear()
             self._released.clear()
+            self.retention.clear()  # the daemon sends it again for what it knows
             report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
                                    snapshot=True, now_s=self.clock_s(), kv=kv,
                                    counters=self.counters)
@@ -302,6 +369,10 @@ class EngineAgent:
     # --- decisions ------------------------------------------------------------------
     def _apply(self, decisions: Iterable[pb.StepDecision]) -> None:
         for decision in decisions:
+            sent_at_step = self._sent_at_step.pop(decision.seq, None)
+            if sent_at_step is not None:
+                lag = min(self.step_index - sent_at_step, len(self.lag_counts) - 1)
+                self.lag_counts[lag] += 1
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
@@ -312,6 +383,8 @@ class EngineAgent:
                                               else None)
             if decision.priorities:
                 self._apply_priorities(decision.priorities)
+            for retention in decision.retention:
+                self._set_retention(retention)
             for pin_decision in decision.pins:
                 pin = self.pins.get(pin_decision.request_id)
                 if pin is None:
@@ -321,7 +394,27 @@ class EngineAgent:
                     pin.release_at_s = min(pin_decision.expires_at_s,
                                            pin.pinned_at_s + self.settings.max_pin_s)
                 elif pin_decision.action == pb.PIN_ACTION_RELEASE:
+                    if pin_decision.HasField("retention_priority"):
+                        self._soft_retain(pin, pin_decision)
                     self._release(pin, local=False)
+
+    def _set_retention(self, retention: pb.BlockRetention) -> None:
+        if not retention.config.token_ranges and not retention.config.HasField(
+                "decode_priority"):
+            self.retention.pop(retention.request_id, None)  # withdrawn
+        elif retention.request_id in self.sched.requests:
+            self.retention[retention.request_id] = retention
+
+    def _soft_retain(self, pin: Pin, decision: pb.PinDecision) -> None:
+        """A released pin's blocks stay cached at a retention priority (the policy's
+        word, anonymous: it raises, never lowers what an owner set)."""
+        if self._retain_blocks is None:
+            return
+        protection = Protection(
+            decision.retention_priority,
+            decision.retention_duration_s if decision.HasField("retention_duration_s")
+            else None)
+        self._retain_blocks(pin.blocks, [protection] * len(pin.blocks), "")
 
     def _apply_priorities(self, priorities: Iterable[pb.RequestPriority]) -> None:
         requests = self.sched.requests
@@ -370,6 +463,8 @@ class EngineAgent:
     def _release(self, pin: Pin, local: bool) -> None:
         if self.pins.pop(pin.request_id, None) is None:
             return
+        if not self.pins and self.allocation_hook is not None:
+            self.allocation_hook(False)
         sched = self.sched
         # The request's last step may still be writing these blocks (async
         # scheduling): return them through vLLM's fence, as _free_request_blocks does.
@@ -400,6 +495,14 @@ class EngineAgent:
             logger.debug("kvtether: tool parsing failed for %s", request.request_id,
                          exc_info=True)
             return None
+
+
+def _block_size(manager: Any, group: int, default: int) -> int:
+    """Tokens per block of a KV cache group (vLLM 0.32: the group's spec)."""
+    try:
+        return int(manager.kv_cache_config.kv_cache_groups[group].kv_cache_spec.block_size)
+    except (AttributeError, IndexError):
+        return int(default)
 
 
 def _is_running(request: Any) -> bool:

@@ -69,7 +69,11 @@ class KvtetherMixin:
                 "--scheduling-policy priority"
             )
         from sidecar.toolcalls import resolve_tool
+        from vllm_plugin.retention import install as install_retention
 
+        # Retention priorities on this scheduler's own block pool (vLLM's LRU, bit for
+        # bit, until a directive arrives).
+        retention_pool = install_retention(sched.kv_cache_manager.block_pool)
         self.kvtether = EngineAgent(
             self,
             settings,
@@ -78,6 +82,8 @@ class KvtetherMixin:
             parse_tool=resolve_tool,
         )
         self._wrap_allocation(self.kvtether)
+        if retention_pool is not None:
+            self._wrap_frees(self.kvtether)
         logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
                     "fail-%s)", settings.engine_id, settings.daemon_address,
                     settings.deadline_s * 1000, "closed" if settings.fail_closed else "open")
@@ -86,6 +92,8 @@ class KvtetherMixin:
         # When an allocation fails, the daemon's order decides whether a pin goes before
         # vLLM preempts a running request: retry after each pin released. Wrapped on
         # this scheduler's own KV cache manager instance only.
+        # Installed only while pins are held: the wrapper costs ~1 us per call, and
+        # vLLM calls allocate_slots once per running request per step.
         manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
         allocate = manager.allocate_slots
 
@@ -95,7 +103,31 @@ class KvtetherMixin:
                 blocks = allocate(request, *args, **kwargs)
             return blocks
 
-        manager.allocate_slots = allocate_slots
+        def hook(enabled: bool) -> None:
+            if enabled:
+                manager.allocate_slots = allocate_slots
+            elif "allocate_slots" in vars(manager):
+                del manager.allocate_slots  # back to the class's own method
+
+        agent.allocation_hook = hook
+
+    def _wrap_frees(self, agent: EngineAgent) -> None:
+        # Every way a request's blocks leave it — freed at finish or preemption, popped
+        # for a deferred free or a pin — first tags them with the request's retention
+        # priorities. Wrapped on this scheduler's own KV cache manager instance only.
+        manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
+        free, pop_blocks_for_free = manager.free, manager.pop_blocks_for_free
+
+        def free_retained(request: Any) -> None:
+            agent.retain(request)
+            free(request)
+
+        def pop_retained(request: Any) -> Any:
+            agent.retain(request)
+            return pop_blocks_for_free(request)
+
+        manager.free = free_retained
+        manager.pop_blocks_for_free = pop_retained
 
     # --- hooks ----------------------------------------------------------------------
     def add_request(self, request: Any) -> None:

@@ -105,19 +105,30 @@ def superseded_pins(finished: FinishInput) -> tuple[str, ...]:
     )
 
 
-def job_first_arrivals(step: StepView) -> dict[str, float]:
-    """Job-level FCFS key for every job with a request in the step: the job's first
-    arrival as the tracker knows it, else (a job the runtime sent no view for) the
-    earliest arrival among its requests in this step."""
-    first: dict[str, float] = {}
+def job_first_arrivals(
+    step: StepView, requests: Sequence[RequestView] | None = None
+) -> dict[str, float]:
+    """Job-level FCFS key for every job of ``requests`` (default: every request in the
+    step): the job's first arrival as the tracker knows it, else (a job the runtime
+    sent no view for) the earliest arrival among its requests in the whole step."""
     jobs = step.jobs
-    for request in (*step.waiting, *step.running):
+    first: dict[str, float] = {}
+    unknown: set[str] = set()
+    for request in requests if requests is not None else (*step.waiting, *step.running):
         job_id = request.job_id
+        if job_id in first:
+            continue
         known = jobs.get(job_id)
-        arrival_s = known.first_arrival_s if known is not None else request.arrival_s
-        current = first.get(job_id)
-        if current is None or arrival_s < current:
-            first[job_id] = arrival_s
+        if known is not None:
+            first[job_id] = known.first_arrival_s
+        else:
+            unknown.add(job_id)
+    if unknown:  # rare: a job the tracker lost; look at all its requests in the step
+        for request in (*step.waiting, *step.running):
+            if request.job_id in unknown:
+                current = first.get(request.job_id)
+                if current is None or request.arrival_s < current:
+                    first[request.job_id] = request.arrival_s
     return first
 
 

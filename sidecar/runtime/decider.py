@@ -7,6 +7,7 @@ writes a step causes (history events, tool-time samples) are handed to the
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import OrderedDict
@@ -24,7 +25,8 @@ from sidecar.framework import (
     RetainAction,
     StepView,
 )
-from sidecar.runtime.mirror import EngineMirror, ReportDelta
+from sidecar.retention.resolve import RetentionResolver
+from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
 from sidecar.runtime.recorder import Recorder
 
@@ -35,6 +37,9 @@ class EngineDecisionState:
 
     sent_priority: dict[str, int] = field(default_factory=dict)
     sent_pressure_order: tuple[tuple[str, ...], int | None] | None = None
+    # Retention: what was sent per live request, and the directory generation seen.
+    sent_retention: dict[str, bytes] = field(default_factory=dict)
+    retention_generation: int = -1
 
 
 class DecisionLog:
@@ -62,10 +67,12 @@ class DecisionLog:
 
 
 class Decider:
-    def __init__(self, policy: Policy, recorder: Recorder, log: DecisionLog) -> None:
+    def __init__(self, policy: Policy, recorder: Recorder, log: DecisionLog,
+                 retention: RetentionResolver | None = None) -> None:
         self.policy = policy
         self.recorder = recorder
         self.log = log
+        self.retention = retention
         self._engines: dict[str, EngineDecisionState] = {}
 
     def forget(self, engine_id: str) -> None:
@@ -79,14 +86,17 @@ class Decider:
 
         for live in delta.arrived:
             self.recorder.on_arrival(live.view())
+        if self.retention is not None:
+            self._decide_retention(mirror, delta, state, decision)
 
         step = self._step_view(mirror)
         for finished in delta.finished:
             state.sent_priority.pop(finished.request.request_id, None)
             self._decide_finish(mirror, step, finished.request, finished.event, decision)
             step = replace(step, pins=list(mirror.pins.values()))
-        if delta.finished:
-            step = self._step_view(mirror)  # the finished turns changed their jobs
+        if delta.finished:  # the finished turns changed their jobs' views
+            changed = self.recorder.tracker.views(f.request.job_id for f in delta.finished)
+            step = replace(step, jobs={**step.jobs, **changed})
 
         for hook, kind in ((self.policy.expire, "expire"),
                            (self.policy.release_under_pressure, "steal")):
@@ -118,10 +128,9 @@ class Decider:
         waiting = mirror.waiting()
         running = mirror.running()
         pins = list(mirror.pins.values())
-        tracker = self.recorder.tracker
-        jobs = tracker.views(r.job_id for r in waiting)
-        jobs.update(tracker.views(r.job_id for r in running))
-        jobs.update(tracker.views(pin.job_id for pin in pins))
+        jobs = self.recorder.tracker.views(itertools.chain(
+            (r.job_id for r in waiting), (r.job_id for r in running),
+            (pin.job_id for pin in pins)))
         return StepView(
             engine_id=mirror.engine_id,
             now_s=mirror.now_s,
@@ -197,9 +206,46 @@ class Decider:
         kind = "release"
         if retain.action is RetainAction.SOFT_RETAIN and retain.retention_priority is not None:
             release.retention_priority = retain.retention_priority
+            if retain.ttl_s > 0:
+                release.retention_duration_s = retain.ttl_s
             kind = "soft_retain"
         self._record(mirror, decision.seq, request.request_id, request.job_id, kind,
                      retain.reason, inputs)
+
+    def _decide_retention(
+        self,
+        mirror: EngineMirror,
+        delta: ReportDelta,
+        state: EngineDecisionState,
+        decision: pb.StepDecision,
+    ) -> None:
+        """Effective retention of the requests that arrived — of every live request
+        when pushed directives changed since this engine last heard — sent only when
+        it differs from what the engine has."""
+        assert self.retention is not None
+        for finished in delta.finished:
+            state.sent_retention.pop(finished.request.request_id, None)
+        candidates: list[LiveRequest] = delta.arrived
+        if state.retention_generation != self.retention.generation:
+            state.retention_generation = self.retention.generation
+            candidates = list(mirror.requests.values())
+        for live in candidates:
+            effective = self.retention.for_request(live.request_id, live.job_id,
+                                                   live.retention, live.retention_scope)
+            key = b"" if effective is None else effective.key()
+            if state.sent_retention.get(live.request_id, b"") == key:
+                continue
+            item = decision.retention.add(request_id=live.request_id)
+            if effective is not None:
+                item.config.CopyFrom(effective.config)
+                item.scope = effective.scope
+                state.sent_retention[live.request_id] = key
+            else:
+                state.sent_retention.pop(live.request_id, None)
+            self._record(mirror, decision.seq, live.request_id, live.job_id, "retention",
+                         "directives pushed for the job resolved with the request's own"
+                         if effective is not None else "directives withdrawn",
+                         {"scope": item.scope, "token_ranges": len(item.config.token_ranges)})
 
     def _decide_priorities(
         self,

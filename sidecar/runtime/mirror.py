@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import retention_pb2
 from sidecar.framework import KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
 
@@ -35,6 +36,9 @@ class LiveRequest:
     computed_tokens: int
     tool_hint: str | None
     blocks: int = 0
+    # Retention directives the request carried (None: none) and the scope it claims.
+    retention: retention_pb2.RetentionConfig | None = None
+    retention_scope: str = ""
     # The frozen view policies see, rebuilt only when the request changes.
     _view: RequestView | None = None
 
@@ -81,6 +85,10 @@ class EngineMirror:
         self.now_s = 0.0
         self.kv = KvView(total_blocks=0, free_blocks=0, block_size_tokens=0)
         self.requests: dict[str, LiveRequest] = {}
+        # The frozen views policies read, by state, kept up to date per event so a
+        # step view costs two C-level list copies, not a pass over every request.
+        self._views: dict[RequestState, dict[str, RequestView]] = {
+            RequestState.WAITING: {}, RequestState.RUNNING: {}}
         self.pins: dict[str, PinView] = {}
         self.counters = pb.EngineCounters()
 
@@ -89,6 +97,8 @@ class EngineMirror:
         if report.snapshot:
             self.requests.clear()
             self.pins.clear()
+            for views in self._views.values():
+                views.clear()
         self.last_seq = report.seq
         self.now_s = report.now_s
         if report.HasField("kv"):
@@ -111,9 +121,15 @@ class EngineMirror:
                 state=_STATE.get(new.state, RequestState.WAITING),
                 computed_tokens=new.computed_tokens,
                 tool_hint=new.tool_hint or None,
+                retention=new.retention if new.HasField("retention") else None,
+                retention_scope=new.retention_scope,
             )
             # A duplicate id replaces the old entry: the engine's word is the truth.
+            replaced = self.requests.get(new.request_id)
+            if replaced is not None:
+                self._views[replaced.state].pop(new.request_id, None)
             self.requests[new.request_id] = live
+            self._views[live.state][new.request_id] = live.view()
             delta.arrived.append(live)
         for pin in report.pins:
             self.pins[pin.request_id] = PinView(
@@ -131,18 +147,24 @@ class EngineMirror:
                 continue
             known.blocks = event.blocks
             if event.kind == pb.EVENT_KIND_ADMITTED:
-                known.move_to(RequestState.RUNNING)
+                self._move(known, RequestState.RUNNING)
             elif event.kind == pb.EVENT_KIND_PREEMPTED:
-                known.move_to(RequestState.WAITING)
+                self._move(known, RequestState.WAITING)
             elif event.kind == pb.EVENT_KIND_FINISHED:
                 del self.requests[event.request_id]
+                self._views[known.state].pop(event.request_id, None)
                 delta.finished.append(Finished(request=known.view(), event=event))
         for request_id in report.released_pins:
             self.pins.pop(request_id, None)
         return delta
 
+    def _move(self, live: LiveRequest, state: RequestState) -> None:
+        self._views[live.state].pop(live.request_id, None)
+        live.move_to(state)
+        self._views[state][live.request_id] = live.view()
+
     def waiting(self) -> list[RequestView]:
-        return [r.view() for r in self.requests.values() if r.state is RequestState.WAITING]
+        return list(self._views[RequestState.WAITING].values())
 
     def running(self) -> list[RequestView]:
-        return [r.view() for r in self.requests.values() if r.state is RequestState.RUNNING]
+        return list(self._views[RequestState.RUNNING].values())

@@ -41,7 +41,9 @@ def assign_priorities(
         (previous[request_id], arrival_s[request_id]) if request_id in previous else None
         for request_id in order
     ]
-    kept = _longest_increasing(keys)
+    kept = _already_ordered(keys)
+    if kept is None:
+        kept = _longest_increasing(keys)
 
     changes: dict[str, int] = {}
     position = 0
@@ -93,6 +95,21 @@ def _renumber(order: Sequence[str], previous: Mapping[str, int]) -> dict[str, in
     fresh = {request_id: index * PRIORITY_GAP for index, request_id in enumerate(order)}
     return {request_id: value for request_id, value in fresh.items()
             if previous.get(request_id) != value}
+
+
+def _already_ordered(keys: Sequence[tuple[int, float] | None]) -> set[int] | None:
+    """Indices of every known key when the known keys already increase (the common
+    case: the queue only lost its head or gained a tail); None otherwise. O(n)."""
+    kept: set[int] = set()
+    previous: tuple[int, float] | None = None
+    for index, key in enumerate(keys):
+        if key is None:
+            continue
+        if previous is not None and key <= previous:
+            return None
+        previous = key
+        kept.add(index)
+    return kept
 
 
 def _longest_increasing(keys: Sequence[tuple[int, float] | None]) -> set[int]:

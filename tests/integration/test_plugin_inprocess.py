@@ -41,6 +41,9 @@ class Engine:
         monkeypatch.setenv("KVTETHER_PLUGIN_DAEMON_ADDRESS", daemon.address)
         monkeypatch.setenv("KVTETHER_PLUGIN_ENGINE_ID", f"inprocess-{id(self)}")
         monkeypatch.setenv("KVTETHER_PLUGIN_DEADLINE_MS", "200")  # a loaded CI box
+        # Steps here take a millisecond, not a forward pass: wait for each answer so
+        # the decisions land on the step they were made for (deterministic tests).
+        monkeypatch.setenv("KVTETHER_PLUGIN_FAIL_MODE", "closed")
         for name, value in env.items():
             monkeypatch.setenv(f"KVTETHER_PLUGIN_{name}", value)
         self.sched = build_scheduler(model_dir, num_blocks=num_blocks, block_size=BLOCK,

@@ -96,7 +96,7 @@ class ContinuumPolicy(NativePolicy):
     # --- preemption: newest non-last-step job first, else newest job --------------
 
     def order_victims(self, step: StepView) -> Ordering:
-        first = job_first_arrivals(step)
+        first = job_first_arrivals(step, step.running)
 
         # Descending: non-last-step before last-step (a last step is about to free
         # its blocks for good, so preempting it wastes the most), then the newest job,
@@ -260,7 +260,7 @@ class ContinuumPolicy(NativePolicy):
 
 
 def _waiting_key(step: StepView) -> WaitingKey:
-    first = job_first_arrivals(step)
+    first = job_first_arrivals(step, step.waiting)
     pinned_jobs = {p.job_id for p in step.pins}
 
     def key(request: RequestView) -> tuple[bool, float, float, str]:

