@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="daemon address, host:port or unix:PATH")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
     inspect.add_argument("--timeout-s", type=float, default=5.0)
+    inspect.add_argument("--tls-ca", default="", help="TLS: trust this CA (PEM)")
+    inspect.add_argument("--tls-cert", default="", help="mutual TLS: client certificate")
+    inspect.add_argument("--tls-key", default="", help="mutual TLS: client key")
+    inspect.add_argument("--tls-server-name", default="",
+                         help="TLS: name to check the daemon's certificate against")
     inspect.add_argument("what", choices=["policy", "jobs", "job", "pins", "tools", "explain",
                                           "watch"])
     inspect.add_argument("id", nargs="?", help="job id (job) or request id (explain)")

@@ -8,6 +8,7 @@ the problem (:class:`ConfigError`); nothing is silently replaced by a default.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ class ListenConfig(_Section):
     tcp: str = "127.0.0.1:50051"
     # Path of a Unix socket for gRPC; empty disables it.
     unix_socket: str = ""
+    # host:port serving Inspect (read-only) on its own, e.g. for operators only;
+    # empty serves Inspect on the main listeners.
+    inspect_tcp: str = ""
     # Permissions of the socket file, octal: group read-write lets a sidecar's peer
     # container (same fsGroup, another uid) connect.
     unix_socket_mode: str = "0660"
@@ -65,7 +69,7 @@ class ListenConfig(_Section):
             raise ValueError(f"expected an octal mode like 0660, got {value!r}")
         return value
 
-    @field_validator("tcp")
+    @field_validator("tcp", "inspect_tcp")
     @classmethod
     def _host_port(cls, value: str) -> str:
         if value:
@@ -73,6 +77,39 @@ class ListenConfig(_Section):
             if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise ValueError(f"expected host:port, got {value!r}")
         return value
+
+
+class TlsConfig(_Section):
+    """TLS on the TCP listeners (the Unix socket relies on file permissions).
+    ``client_ca_file`` turns on mutual TLS: clients must present a certificate signed
+    by that CA (engines and orchestrators alike)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("set both cert_file and key_file, or neither")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("client_ca_file (mutual TLS) needs cert_file and key_file")
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise ValueError(f"{name}: cannot read {path!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+class LimitsConfig(_Section):
+    # Retention calls per second allowed per scope (per peer when unauthenticated),
+    # with this burst; beyond: RESOURCE_EXHAUSTED.
+    retention_calls_per_s: float = Field(50.0, gt=0)
+    retention_burst: int = Field(100, ge=1)
 
 
 class MetricsConfig(_Section):
@@ -175,6 +212,8 @@ class DaemonConfig(BaseSettings):
     metrics: MetricsConfig = MetricsConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    tls: TlsConfig = TlsConfig()
+    limits: LimitsConfig = LimitsConfig()
     # SIGTERM: health flips to NOT_SERVING, then in-flight calls get this long to finish.
     grace_s: float = Field(5.0, ge=0)
     log_level: str = "info"

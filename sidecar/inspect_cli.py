@@ -36,7 +36,16 @@ def _print(message: Message, as_json: bool, text: str) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    channel = grpc.insecure_channel(args.address)
+    if args.tls_ca or args.tls_cert:
+        from sidecar.server.transport import channel_credentials
+
+        options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+                   if args.tls_server_name else [])
+        channel = grpc.secure_channel(
+            args.address, channel_credentials(args.tls_ca, args.tls_cert, args.tls_key),
+            options=options)
+    else:
+        channel = grpc.insecure_channel(args.address)
     stub = inspect_pb2_grpc.InspectStub(channel)
     timeout_s = args.timeout_s
     try:

@@ -35,8 +35,13 @@ _MAX_QUEUED_REPORTS = 1024
 
 
 class DaemonLink:
-    def __init__(self, address: str, connect: bool = True) -> None:
+    def __init__(self, address: str, connect: bool = True,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 server_name: str = "") -> None:
         self.address = address
+        # TLS (or mutual TLS) to the daemon; None: plaintext (loopback, Unix socket).
+        self._credentials = credentials
+        self._server_name = server_name
         # One outbox per connection: a stream that ended must not consume reports
         # meant for its successor (gRPC may still be draining its request iterator).
         self._outbox: queue.Queue[object] = queue.Queue(_MAX_QUEUED_REPORTS)
@@ -116,11 +121,17 @@ class DaemonLink:
     def _run(self) -> None:
         attempt = 0
         while not self._closing.is_set():
-            channel = grpc.insecure_channel(self.address, options=[
+            options: list[tuple[str, object]] = [
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ])
+            ]
+            if self._credentials is None:
+                channel = grpc.insecure_channel(self.address, options=options)
+            else:
+                if self._server_name:
+                    options.append(("grpc.ssl_target_name_override", self._server_name))
+                channel = grpc.secure_channel(self.address, self._credentials, options=options)
             try:
                 grpc.channel_ready_future(channel).result(timeout=1.0)
                 stub = engine_session_pb2_grpc.EngineSessionStub(channel)

@@ -11,6 +11,11 @@
   long until the daemon confirms or releases them.
 - ``KVTETHER_PLUGIN_MAX_PIN_S`` (60.0): local bound on any pin, whatever the daemon says.
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
+- ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
+- ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's
+  client certificate and key, for a daemon that requires mutual TLS.
+- ``KVTETHER_PLUGIN_TLS_SERVER_NAME``: the name to check the daemon's certificate
+  against, when it differs from the address's host.
 
 A bad value stops the engine at start-up with a message naming the variable: a
 misconfigured plugin must not silently run without its daemon.
@@ -40,6 +45,14 @@ class PluginSettings:
     provisional_pin_s: float = 2.0
     max_pin_s: float = 60.0
     enabled: bool = True
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_server_name: str = ""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file or self.tls_cert_file)
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> PluginSettings:
@@ -65,6 +78,15 @@ class PluginSettings:
         enabled = env.get(PREFIX + "ENABLED", "1").strip().lower()
         if enabled not in ("0", "1", "true", "false", "yes", "no"):
             raise PluginSettingsError(f"{PREFIX}ENABLED: expected 0 or 1, got {enabled!r}")
+        tls_files = {}
+        for name in ("TLS_CA_FILE", "TLS_CERT_FILE", "TLS_KEY_FILE"):
+            path = env.get(PREFIX + name, "").strip()
+            if path and not os.access(path, os.R_OK):
+                raise PluginSettingsError(f"{PREFIX}{name}: cannot read {path!r}")
+            tls_files[name.lower()] = path
+        if bool(tls_files["tls_cert_file"]) != bool(tls_files["tls_key_file"]):
+            raise PluginSettingsError(
+                f"{PREFIX}TLS_CERT_FILE and {PREFIX}TLS_KEY_FILE: set both or neither")
         address = env.get(PREFIX + "DAEMON_ADDRESS", "127.0.0.1:50051").strip()
         if not address:
             raise PluginSettingsError(f"{PREFIX}DAEMON_ADDRESS: must not be empty")
@@ -77,4 +99,6 @@ class PluginSettings:
             provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),
             max_pin_s=number("MAX_PIN_S", 60.0),
             enabled=enabled in ("1", "true", "yes"),
+            tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),
+            **tls_files,
         )

@@ -33,12 +33,17 @@ from sidecar.estimators.tool_time import ToolTimeEstimator
 from sidecar.framework import Policy
 from sidecar.jobs import JobTracker
 from sidecar.policies.registry import build_policy
+from sidecar.retention.auth import Authenticator
+from sidecar.retention.directory import RetentionDirectory
+from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.decider import Decider, DecisionLog
 from sidecar.runtime.engines import EngineRegistry
 from sidecar.runtime.recorder import Recorder
 from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.inspect import InspectService
+from sidecar.server.limits import RateLimitInterceptor
 from sidecar.server.retention import RetentionService
+from sidecar.server.transport import bind_tcp, server_credentials
 from sidecar.store import Store, open_store
 from sidecar.telemetry.metrics import REGISTRY
 
@@ -51,6 +56,25 @@ SERVICE_NAMES = (
 )
 # Decision messages carry hundreds of items at most; refuse anything far larger.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Engines keep one stream open for days; keepalives find dead peers.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def _serve(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
+           services: tuple[str, ...], inspect: InspectService | None = None) -> None:
+    """Health and reflection (listing ``services``) on every server; Inspect where given."""
+    if inspect is not None:
+        inspect_pb2_grpc.add_InspectServicer_to_server(inspect, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
 
 @dataclass
@@ -63,6 +87,9 @@ class Daemon:
     server: grpc.aio.Server
     health: health.aio.HealthServicer
     addresses: list[str] = field(default_factory=list)
+    # Inspect on its own listener (listen.inspect_tcp), when configured.
+    inspect_server: grpc.aio.Server | None = None
+    inspect_address: str | None = None
     metrics_port: int | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -76,36 +103,42 @@ class Daemon:
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
                             config.store.history_ttl_s)
         decisions = DecisionLog()
-        engines = EngineRegistry(Decider(policy, recorder, decisions))
+        authenticator = Authenticator(config.auth.token_scopes())
+        directory = RetentionDirectory(store)
+        # With tokens configured, a request's claimed retention_scope counts as anonymous.
+        retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
+        engines = EngineRegistry(Decider(policy, recorder, decisions, retention))
 
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            # Engines keep one stream open for days; keepalives find dead peers.
-            ("grpc.keepalive_time_ms", 20_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ])
+        limiter = RateLimitInterceptor(
+            f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
+            config.limits.retention_burst, authenticator)
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[limiter])
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
             EngineSessionService(engines), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
-            RetentionService(store, directive_ttl_s=config.store.history_ttl_s), server)
-        inspect_pb2_grpc.add_InspectServicer_to_server(
-            InspectService(config, policy, store, engines, tracker, estimator, decisions),
-            server)
+            RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
+                             directory=directory, authenticator=authenticator), server)
+        inspect = InspectService(config, policy, store, engines, tracker, estimator, decisions)
         health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        credentials = server_credentials(config.tls)
+        inspect_server = None
+        if config.listen.inspect_tcp:
+            # Inspect apart: operators get read-only access on their own port (and
+            # network policy), engines and orchestrators never share it.
+            inspect_server = grpc.aio.server(options=SERVER_OPTIONS)
+            _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
+            _serve(server, health_servicer, SERVICE_NAMES[:2])
+        else:
+            _serve(server, health_servicer, SERVICE_NAMES, inspect)
 
         daemon = cls(config, policy, store, engines, recorder, server, health_servicer)
+        if inspect_server is not None:
+            daemon.inspect_server = inspect_server
+            daemon.inspect_address = bind_tcp(inspect_server, config.listen.inspect_tcp,
+                                              credentials, "listen.inspect_tcp")
         if config.listen.tcp:
-            host, _, port = config.listen.tcp.rpartition(":")
-            bound = server.add_insecure_port(config.listen.tcp)
-            if bound == 0:
-                raise OSError(f"listen.tcp: cannot bind {config.listen.tcp}")
-            daemon.addresses.append(f"{host}:{bound}" if port == "0" else config.listen.tcp)
+            daemon.addresses.append(
+                bind_tcp(server, config.listen.tcp, credentials, "listen.tcp"))
         if config.listen.unix_socket:
             server.add_insecure_port(f"unix:{config.listen.unix_socket}")
             daemon.addresses.append(f"unix:{config.listen.unix_socket}")
@@ -115,6 +148,8 @@ class Daemon:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.inspect_server is not None:
+            await self.inspect_server.start()
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
         self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
@@ -128,23 +163,35 @@ class Daemon:
             "daemon_serving",
             version=__version__,
             grpc=self.addresses,
+            inspect=self.inspect_address or "on the main listeners",
+            tls=("mutual" if self.config.tls.client_ca_file
+                 else "on" if self.config.tls.enabled else "off"),
             metrics=(f"http://{self.config.metrics.host}:{self.metrics_port}/metrics"
                      if self.metrics_port is not None else None),
             store=self.store.backend_name,
             **as_log_fields(self.config),
         )
+        if not (self.config.auth.tokens or self.config.auth.tokens_file):
+            log.warning("retention_scopes_unauthenticated",
+                        detail="retention scopes are claimed by callers, not authenticated: "
+                               "configure auth.tokens or auth.tokens_file")
 
     async def stop(self) -> None:
         """Health first, then drain in-flight calls within the grace, then flush."""
         log.info("daemon_stopping", grace_s=self.config.grace_s)
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.config.grace_s)
+        stops = [self.server.stop(self.config.grace_s)]
+        if self.inspect_server is not None:
+            stops.append(self.inspect_server.stop(self.config.grace_s))
+        await asyncio.gather(*stops)
         flushed = await self.recorder.drain(timeout_s=self.config.grace_s)
         if not flushed:
             log.warning("store_writes_unflushed", pending=self.recorder.pending_writes)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.engines.decider.retention is not None:
+            await self.engines.decider.retention.directory.close()
         await self.store.close()
         log.info("daemon_stopped")
 

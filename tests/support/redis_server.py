@@ -30,6 +30,8 @@ def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
         try:
             redis.Redis.from_url(url, socket_timeout=0.5).ping()
             return
+        except redis.AuthenticationError:
+            return  # up, and asking for a password
         except redis.RedisError:
             if time.monotonic() > deadline:
                 raise

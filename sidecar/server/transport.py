@@ -1,0 +1,48 @@
+"""How the daemon's gRPC servers listen: TCP (plain or TLS / mutual TLS) and a Unix socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from sidecar.config import TlsConfig
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials for the TCP listeners, or None for plaintext. With a client CA,
+    clients must present a certificate it signed (mutual TLS)."""
+    if not tls.enabled:
+        return None
+    key = Path(tls.key_file).read_bytes()
+    cert = Path(tls.cert_file).read_bytes()
+    client_ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
+def bind_tcp(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None,
+             setting: str) -> str:
+    """Bind a TCP address; return it with the real port when port 0 was asked for."""
+    if credentials is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, credentials)
+    if bound == 0:
+        raise OSError(f"{setting}: cannot bind {address}")
+    host, _, port = address.rpartition(":")
+    return f"{host}:{bound}" if port == "0" else address
+
+
+def channel_credentials(ca_file: str = "", cert_file: str = "", key_file: str = ""
+                        ) -> grpc.ChannelCredentials:
+    """Client side of :func:`server_credentials` (for ``kvtether inspect`` and tools):
+    trust ``ca_file`` (system roots when empty); present a client certificate for
+    mutual TLS when ``cert_file`` and ``key_file`` are given."""
+    return grpc.ssl_channel_credentials(root_certificates=_read(ca_file),
+                                        private_key=_read(key_file),
+                                        certificate_chain=_read(cert_file))
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).read_bytes() if path else None

@@ -1,0 +1,212 @@
+"""TLS, mutual TLS, a separate Inspect port, rate limits and secrets kept out of logs,
+each with its refusal — on real daemon processes and real gRPC clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from sidecar.api.v1 import (
+    engine_session_pb2,
+    inspect_pb2,
+    inspect_pb2_grpc,
+    retention_pb2,
+    retention_pb2_grpc,
+)
+from sidecar.server.transport import channel_credentials
+from tests.integration.test_daemon_process import GRPCURL
+from tests.support.certs import CertificateAuthority, Issued
+from tests.support.daemon import DaemonProcess, running_daemon
+from tests.support.redis_server import redis_binary
+from vllm_plugin.link import DaemonLink
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Issued]:
+    directory = tmp_path_factory.mktemp("pki")
+    ca = CertificateAuthority(directory, "kvtether-test-ca")
+    rogue = CertificateAuthority(directory, "rogue-ca")
+    return {
+        "ca": ca.issued,
+        "server": ca.issue("daemon", "kvtether-daemon", server=True),
+        "client": ca.issue("engine", "vllm-engine-0", server=False),
+        "rogue_client": rogue.issue("intruder", "intruder", server=False),
+    }
+
+
+def daemon_with(tmp_path: Path, settings: dict[str, object], *args: str):  # type: ignore[no-untyped-def]
+    config = tmp_path / "kvtether.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    return running_daemon("--config", str(config), *args)
+
+
+def policy_over(address: str, credentials: grpc.ChannelCredentials | None) -> str:
+    channel = (grpc.insecure_channel(address) if credentials is None
+               else grpc.secure_channel(address, credentials))
+    with channel:
+        stub = inspect_pb2_grpc.InspectStub(channel)
+        return str(stub.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=3).name)
+
+
+def refused(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as error:
+        policy_over(address, credentials)
+    return error.value.code()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def tls_daemon(tmp_path: Path, pki: dict[str, Issued]) -> Iterator[DaemonProcess]:
+    # running_daemon waits for health over plaintext; with TLS it cannot, so this
+    # starts the process itself and waits over TLS.
+    from tests.support.daemon import serve_command
+    from tests.support.redis_server import free_port
+
+    port = free_port()
+    config = tmp_path / "tls.yaml"
+    config.write_text(yaml.safe_dump({"tls": {"cert_file": str(pki["server"].cert),
+                                              "key_file": str(pki["server"].key),
+                                              "client_ca_file": str(pki["ca"].cert)}}))
+    process = subprocess.Popen(
+        serve_command("--config", str(config), "--listen", f"127.0.0.1:{port}",
+                      "--metrics-port", "-1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    good = channel_credentials(str(pki["ca"].cert), str(pki["client"].cert),
+                               str(pki["client"].key))
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            policy_over(f"127.0.0.1:{port}", good)
+            break
+        except grpc.RpcError:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "mTLS daemon did not come up"
+            time.sleep(0.1)
+    yield DaemonProcess(process, f"127.0.0.1:{port}", -1)
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_mutual_tls_admits_only_clients_of_its_ca(tls_daemon, pki) -> None:  # type: ignore[no-untyped-def]
+    address = tls_daemon.address
+    ca = str(pki["ca"].cert)
+    assert policy_over(address, channel_credentials(
+        ca, str(pki["client"].cert), str(pki["client"].key))) == "continuum"
+    # Plaintext, TLS without a client certificate, and a certificate from another CA
+    # are all refused before any RPC runs.
+    assert refused(address, None) == grpc.StatusCode.UNAVAILABLE
+    assert refused(address, channel_credentials(ca)) == grpc.StatusCode.UNAVAILABLE
+    assert refused(address, channel_credentials(
+        ca, str(pki["rogue_client"].cert), str(pki["rogue_client"].key))
+    ) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_engine_link_and_operators_tools_speak_mutual_tls(tls_daemon, pki) -> None:  # type: ignore[no-untyped-def]
+    credentials = channel_credentials(str(pki["ca"].cert), str(pki["client"].cert),
+                                      str(pki["client"].key))
+    link = DaemonLink(tls_daemon.address, credentials=credentials)
+    try:
+        deadline = time.monotonic() + 10
+        while not link.connected:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        report = engine_session_pb2.StepReport(engine_id="tls-engine", seq=1, snapshot=True,
+                                               now_s=1.0)
+        assert link.send(report)
+        (decision,) = link.take_decisions(wait_s=3)
+        assert decision.seq == 1 and not decision.resync_requested
+    finally:
+        link.close()
+    listed = subprocess.run(
+        [GRPCURL, "-cacert", str(pki["ca"].cert), "-cert", str(pki["client"].cert),
+         "-key", str(pki["client"].key), tls_daemon.address, "list"],
+        capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0 and "kvtether.v1.EngineSession" in listed.stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "inspect", "--address", tls_daemon.address,
+         "--tls-ca", str(pki["ca"].cert), "--tls-cert", str(pki["client"].cert),
+         "--tls-key", str(pki["client"].key), "--json", "policy"],
+        capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["name"] == "continuum"
+
+
+def test_bad_tls_configuration_stops_the_daemon(tmp_path: Path, pki) -> None:  # type: ignore[no-untyped-def]
+    from tests.support.daemon import serve_command
+
+    for tls, expected in (
+        ({"cert_file": str(pki["server"].cert)}, "set both cert_file and key_file"),
+        ({"cert_file": str(tmp_path / "missing.crt"), "key_file": str(pki["server"].key)},
+         "cannot read"),
+        ({"client_ca_file": str(pki["ca"].cert)}, "needs cert_file"),
+    ):
+        config = tmp_path / "bad.yaml"
+        config.write_text(yaml.safe_dump({"tls": tls}))
+        done = subprocess.run(serve_command("--config", str(config), "--metrics-port", "-1"),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
+
+
+def test_inspect_on_its_own_port_only(tmp_path: Path) -> None:
+    from tests.support.redis_server import free_port
+
+    inspect_port = free_port()
+    with daemon_with(tmp_path, {"listen": {"inspect_tcp": f"127.0.0.1:{inspect_port}"}}) as d:
+        inspect_address = f"127.0.0.1:{inspect_port}"
+        assert policy_over(inspect_address, None) == "continuum"
+        assert refused(d.address, None) == grpc.StatusCode.UNIMPLEMENTED
+        main = subprocess.run([GRPCURL, "-plaintext", d.address, "list"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        side = subprocess.run([GRPCURL, "-plaintext", inspect_address, "list"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        assert "kvtether.v1.Inspect" not in main and "kvtether.v1.EngineSession" in main
+        assert "kvtether.v1.Inspect" in side and "kvtether.v1.EngineSession" not in side
+        assert "kvtether.v1.Retention" not in side  # nothing that mutates state
+
+
+def test_retention_rate_limit_per_scope(tmp_path: Path) -> None:
+    settings = {"auth": {"tokens": {"token-aaaaaaaaaaaaaaaa": "orchestrator-a", "token-bbbbbbbbbbbbbbbb": "orchestrator-b"}},
+                "limits": {"retention_calls_per_s": 1, "retention_burst": 3}}
+    with daemon_with(tmp_path, settings) as daemon, grpc.insecure_channel(
+            daemon.address) as channel:
+        stub = retention_pb2_grpc.RetentionStub(channel)
+        target = retention_pb2.RetentionTarget(session_id="limited")
+
+        def read(token: str) -> grpc.StatusCode:
+            try:
+                stub.GetDirectives(retention_pb2.GetDirectivesRequest(target=target),
+                                   metadata=[("authorization", f"Bearer {token}")], timeout=3)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as error:
+                return error.code()  # type: ignore[no-any-return]
+
+        codes = [read("token-aaaaaaaaaaaaaaaa") for _ in range(5)]
+        assert codes[:3] == [grpc.StatusCode.OK] * 3
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes[3:]
+        # Another scope has its own budget.
+        assert read("token-bbbbbbbbbbbbbbbb") == grpc.StatusCode.OK
+
+
+def test_secrets_stay_out_of_logs(tmp_path: Path) -> None:
+    password, token = "redis-s3cret-pw", "bearer-t0ken-value-0123456789"
+    with redis_binary(extra_args=("--requirepass", password)) as (url, _process):
+        secured = url.replace("redis://", f"redis://:{password}@")
+        settings = {"store": {"redis_url": secured}, "auth": {"tokens": {token: "dynamo"}}}
+        with daemon_with(tmp_path, settings, "--log-level", "debug") as daemon:
+            with grpc.insecure_channel(daemon.address) as channel:
+                stub = retention_pb2_grpc.RetentionStub(channel)
+                with pytest.raises(grpc.RpcError):
+                    stub.ClearDirectives(retention_pb2.ClearDirectivesRequest(
+                        target=retention_pb2.RetentionTarget(job_id="j")),
+                        metadata=[("authorization", "Bearer wrong-token-0123456789")], timeout=3)
+            daemon.stop()
+            logs = daemon.process.stderr.read() if daemon.process.stderr else ""
+    assert "daemon_serving" in logs and "dynamo" in logs
+    assert password not in logs and token not in logs and "wrong-token" not in logs
