@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,12 @@ class EngineAgent:
         # to its blocks when they are freed (vllm_plugin.retention; None: not installed).
         self.retention: dict[str, pb.BlockRetention] = {}
         self._retain_blocks = getattr(self.block_pool, "retain", None)
+        # Requests reported but not yet answered (seq of that report, oldest first), and
+        # the cached blocks of those that finished meanwhile: their priorities, if the
+        # answer carries any, still apply to whatever of them is still cached.
+        self._unanswered: deque[tuple[int, str]] = deque()
+        self._unanswered_ids: set[str] = set()
+        self._finished_unanswered: dict[str, _FreedBlocks] = {}
 
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
@@ -182,9 +189,17 @@ class EngineAgent:
         the daemon decides). True: pinned, and the request is removed from the
         scheduler; False: the caller frees them as vLLM does."""
         meta = self.metadata.pop(request.request_id, None) or RequestMetadata()
+        if meta.is_last_step and meta.job_id:
+            # The job is over: no pin of it can serve another turn. Released here, not
+            # at the daemon's word, so an engine going idle never holds them.
+            for pin in [p for p in self.pins.values() if p.job_id == meta.job_id]:
+                self._release(pin, local=True)
         if (
             not self._provisional_pins
             or not self.link.connected
+            # A request with no job (no job_id, no session) has no next turn to keep
+            # its blocks for: holding them would only squeeze everyone else.
+            or not meta.job_id
             or meta.is_last_step
             or _finish_reason(request.status) not in (pb.FINISH_REASON_STOP,
                                                       pb.FINISH_REASON_LENGTH)
@@ -215,21 +230,30 @@ class EngineAgent:
     def retain(self, request: Any) -> None:
         """The request's blocks are about to be freed (finish, preemption, pin): give
         them, in the block pool's side table, the priorities the daemon sent for it."""
-        retention = self.retention.get(request.request_id)
-        if retention is None or self._retain_blocks is None:
+        if self._retain_blocks is None:
             return
-        if request.is_finished():
+        retention = self.retention.get(request.request_id)
+        finished = request.is_finished()
+        if retention is None:
+            if finished and request.request_id in self._unanswered_ids:
+                self._finished_unanswered[request.request_id] = self._freed_blocks(request)
+            return
+        if finished:
             del self.retention[request.request_id]
-        manager = self.sched.kv_cache_manager
-        groups = manager.get_blocks(request.request_id).blocks
-        prompt_tokens = int(request.num_prompt_tokens)
-        for group, blocks in enumerate(groups):
-            if not blocks:
-                continue
-            block_size = _block_size(manager, group, default=self.sched.block_size)
+        freed = self._freed_blocks(request)
+        for block_size, blocks, _hashes in freed.groups:
             protections = block_protections(retention.config, len(blocks), block_size,
-                                            prompt_tokens)
+                                            freed.prompt_tokens)
             self._retain_blocks(blocks, protections, retention.scope)
+
+    def _freed_blocks(self, request: Any) -> _FreedBlocks:
+        manager = self.sched.kv_cache_manager
+        groups = []
+        for group, blocks in enumerate(manager.get_blocks(request.request_id).blocks):
+            if blocks:
+                groups.append((_block_size(manager, group, default=self.sched.block_size),
+                               list(blocks), [block.block_hash for block in blocks]))
+        return _FreedBlocks(int(request.num_prompt_tokens), groups)
 
     def after_update(self) -> None:
         """End of a step: report what changed, once per step. The answer is applied at
@@ -239,11 +263,11 @@ class EngineAgent:
         engine does not step again and a pin released now must not stay held."""
         if not self._reported_this_step:
             self._reported_this_step = True
-            self.flush(wait=not self.sched.has_unfinished_requests())
+            idle = not self.sched.has_unfinished_requests()
+            self.flush(wait_s=self.settings.deadline_s if idle else 0.0)
 
-    def flush(self, wait: bool = False) -> None:
-        """Report what changed; with ``wait``, wait at most the deadline for the answer
-        and apply it now."""
+    def flush(self, wait_s: float = 0.0) -> None:
+        """Report what changed; wait at most ``wait_s`` for the answer and apply it now."""
         report = self._build_report()
         if report is None:
             return
@@ -251,8 +275,11 @@ class EngineAgent:
             if report.snapshot:
                 self._sent_at_step.clear()  # answers to an older session never come
             self._sent_at_step[report.seq] = self.step_index
-            if wait:
-                self._apply(self.link.take_decisions(self.settings.deadline_s))
+            for new in report.new_requests:
+                self._unanswered.append((report.seq, new.request_id))
+                self._unanswered_ids.add(new.request_id)
+            if wait_s > 0:
+                self._apply(self.link.take_decisions(wait_s))
 
     def on_allocation_failed(self, request: Any) -> bool:
         """An allocation for a running request failed: release the daemon's first
@@ -336,6 +363,9 @@ class EngineAgent:
             self._events.clear()
             self._released.clear()
             self.retention.clear()  # the daemon sends it again for what it knows
+            self._unanswered.clear()  # answers to an older session never come
+            self._unanswered_ids.clear()
+            self._finished_unanswered.clear()
             report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
                                    snapshot=True, now_s=self.clock_s(), kv=kv,
                                    counters=self.counters)
@@ -385,10 +415,18 @@ class EngineAgent:
                 self._apply_priorities(decision.priorities)
             for retention in decision.retention:
                 self._set_retention(retention)
+            while self._unanswered and self._unanswered[0][0] <= decision.seq:
+                _seq, request_id = self._unanswered.popleft()
+                self._unanswered_ids.discard(request_id)
+                self._finished_unanswered.pop(request_id, None)
             for pin_decision in decision.pins:
                 pin = self.pins.get(pin_decision.request_id)
                 if pin is None:
-                    continue  # released already (local bound, pressure): harmless
+                    if pin_decision.action == pb.PIN_ACTION_PIN and self.link.connected:
+                        # Not held here (never pinned, or released since): say so, or
+                        # the daemon would count blocks that are free.
+                        self._released.append(pin_decision.request_id)
+                    continue
                 if pin_decision.action == pb.PIN_ACTION_PIN:
                     pin.confirmed = True
                     pin.release_at_s = min(pin_decision.expires_at_s,
@@ -404,6 +442,13 @@ class EngineAgent:
             self.retention.pop(retention.request_id, None)  # withdrawn
         elif retention.request_id in self.sched.requests:
             self.retention[retention.request_id] = retention
+        elif (freed := self._finished_unanswered.pop(retention.request_id, None)) is not None:
+            # Finished before this answer came (a request shorter than the decision
+            # lag): what is still cached of it takes its priorities now.
+            for block_size, blocks, hashes in freed.groups:
+                protections = block_protections(retention.config, len(blocks), block_size,
+                                                freed.prompt_tokens)
+                self.block_pool.retain_freed(blocks, hashes, protections, retention.scope)
 
     def _soft_retain(self, pin: Pin, decision: pb.PinDecision) -> None:
         """A released pin's blocks stay cached at a retention priority (the policy's
@@ -495,6 +540,15 @@ class EngineAgent:
             logger.debug("kvtether: tool parsing failed for %s", request.request_id,
                          exc_info=True)
             return None
+
+
+@dataclass(slots=True)
+class _FreedBlocks:
+    """A request's blocks as it freed them: per KV cache group, the block size, the
+    blocks and the hash each held (to tell later whether it still holds that content)."""
+
+    prompt_tokens: int
+    groups: list[tuple[int, list[Any], list[Any]]]
 
 
 def _block_size(manager: Any, group: int, default: int) -> int:

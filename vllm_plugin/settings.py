@@ -2,8 +2,10 @@
 
 - ``KVTETHER_PLUGIN_DAEMON_ADDRESS`` (127.0.0.1:50051): the daemon, host:port or unix:PATH.
 - ``KVTETHER_PLUGIN_ENGINE_ID`` (hostname:pid): this engine's name in the daemon.
-- ``KVTETHER_PLUGIN_DEADLINE_MS`` (5): longest the engine thread waits for a decision
-  per step.
+- ``KVTETHER_PLUGIN_DEADLINE_MS`` (20): longest the engine thread waits for the daemon.
+  A busy engine never waits: it sends each step's report and applies the answer at the
+  next step (the forward pass hides the round trip). It waits only when it is about to
+  go idle, so that releases land before it stops stepping (nothing is queued then).
 - ``KVTETHER_PLUGIN_FAIL_MODE`` (open): ``open`` schedules natively at once without a
   fresh decision; ``closed`` first waits up to ``KVTETHER_PLUGIN_CLOSED_WAIT_S`` (1.0)
   for one (then natively all the same: no request fails).
@@ -39,7 +41,7 @@ class PluginSettingsError(ValueError):
 class PluginSettings:
     daemon_address: str = "127.0.0.1:50051"
     engine_id: str = ""
-    deadline_s: float = 0.005
+    deadline_s: float = 0.020
     fail_closed: bool = False
     closed_wait_s: float = 1.0
     provisional_pin_s: float = 2.0
@@ -93,7 +95,7 @@ class PluginSettings:
         return PluginSettings(
             daemon_address=address,
             engine_id=env.get(PREFIX + "ENGINE_ID") or f"{socket.gethostname()}:{os.getpid()}",
-            deadline_s=number("DEADLINE_MS", 5.0) / 1000.0,
+            deadline_s=number("DEADLINE_MS", 20.0) / 1000.0,
             fail_closed=fail_mode == "closed",
             closed_wait_s=number("CLOSED_WAIT_S", 1.0),
             provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),

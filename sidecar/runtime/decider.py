@@ -109,7 +109,10 @@ class Decider:
                 released = True
                 decision.pins.add(request_id=request_id, action=pb.PIN_ACTION_RELEASE)
                 self._record(mirror, seq, request_id, pin.job_id, kind, release.reason,
-                             {"blocks": pin.blocks, "expires_at_s": pin.expires_at_s})
+                             {"blocks": pin.blocks, "expires_at_s": pin.expires_at_s,
+                              "free_blocks": step.kv.free_blocks, "running": len(step.running),
+                              "waiting": len(step.waiting),
+                              "admission_stalled": step.kv.admission_stalled})
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
         self._decide_priorities(mirror, step, state, decision)

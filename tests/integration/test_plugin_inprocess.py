@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, running_daemon
+from tests.support.daemon import DaemonController, DaemonProcess, running_daemon
 from tests.support.engine import requires_vllm, tiny_model_dir
 
 pytestmark = requires_vllm
@@ -33,8 +33,10 @@ def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-u
 class Engine:
     """vLLM's scheduler with the plugin, stepped by hand."""
 
-    def __init__(self, model_dir: Any, daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch,
-                 num_blocks: int = 64, async_scheduling: bool = False, **env: str) -> None:
+    def __init__(self, model_dir: Any, daemon: DaemonProcess | DaemonController,
+                 monkeypatch: pytest.MonkeyPatch, num_blocks: int = 64,
+                 async_scheduling: bool = False, wait_connected: bool = True,
+                 **env: str) -> None:
         from vllm_plugin.inprocess import build_scheduler, free_blocks
         from vllm_plugin.scheduler import KvtetherScheduler
 
@@ -51,7 +53,8 @@ class Engine:
                                      async_scheduling=async_scheduling)
         self.agent = self.sched.kvtether
         self._free_blocks = free_blocks
-        wait_until(lambda: self.agent.link.connected)
+        if wait_connected:
+            wait_until(lambda: self.agent.link.connected)
         self.start_free = self.free()
         self.cached_tokens: dict[str, int] = {}
         self.preemptions = 0

@@ -172,7 +172,8 @@ def test_inspect_on_its_own_port_only(tmp_path: Path) -> None:
 
 
 def test_retention_rate_limit_per_scope(tmp_path: Path) -> None:
-    settings = {"auth": {"tokens": {"token-aaaaaaaaaaaaaaaa": "orchestrator-a", "token-bbbbbbbbbbbbbbbb": "orchestrator-b"}},
+    settings = {"auth": {"tokens": {"token-aaaaaaaaaaaaaaaa": "orchestrator-a",
+                                    "token-bbbbbbbbbbbbbbbb": "orchestrator-b"}},
                 "limits": {"retention_calls_per_s": 1, "retention_burst": 3}}
     with daemon_with(tmp_path, settings) as daemon, grpc.insecure_channel(
             daemon.address) as channel:

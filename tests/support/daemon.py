@@ -90,13 +90,17 @@ class DaemonController:
         self.extra_args = extra_args
         self.process: subprocess.Popen[str] | None = None
         self.policy = ""
+        self.params: tuple[str, ...] = ()
 
-    def start(self, policy: str = "continuum") -> None:
+    def start(self, policy: str = "continuum", *params: str) -> None:
+        """(Re)start with a policy and its ``KEY=VALUE`` parameters."""
         self.stop()
         self.policy = policy
+        self.params = params
+        flags = [flag for param in params for flag in ("--param", param)]
         self.process = subprocess.Popen(
             serve_command("--listen", self.address, "--metrics-port", "-1",
-                          "--policy", policy, *self.extra_args),
+                          "--policy", policy, *flags, *self.extra_args),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
         wait_serving(self.address, process=self.process)
 

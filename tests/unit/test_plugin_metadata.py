@@ -55,7 +55,7 @@ def test_bad_fields_are_ignored_with_a_warning(
 
 def test_settings_defaults_and_overrides() -> None:
     default = PluginSettings.from_env({})
-    assert default.daemon_address == "127.0.0.1:50051" and default.deadline_s == 0.005
+    assert default.daemon_address == "127.0.0.1:50051" and default.deadline_s == 0.020
     assert not default.fail_closed and default.enabled and default.engine_id
     custom = PluginSettings.from_env({
         "KVTETHER_PLUGIN_DAEMON_ADDRESS": "unix:/run/k.sock",
