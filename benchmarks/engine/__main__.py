@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -51,10 +52,8 @@ class Sampler(threading.Thread):
         from vllm_plugin.launch import scrape
 
         while not self.stop.wait(0.2):
-            try:
+            with contextlib.suppress(OSError):
                 self.samples.append(scrape(self.base_url)["vllm:kv_cache_usage_perc"])
-            except OSError:
-                pass
 
 
 def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale: float,
