@@ -11,7 +11,7 @@ import itertools
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
 
 from sidecar.api.v1 import engine_session_pb2 as pb
@@ -259,12 +259,10 @@ class Decider:
     ) -> None:
         waiting = self.policy.order_waiting(step)
         victims = self.policy.order_victims(step)
-        waiting_order = _checked(waiting, step.waiting, "order_waiting")
-        victim_order = _checked(victims, step.running, "order_victims")
-        jobs = {r.request_id: r.job_id for r in step.waiting}
-        jobs.update((r.request_id, r.job_id) for r in step.running)
-        arrival = {r.request_id: r.arrival_s for r in step.waiting}
-        arrival.update((r.request_id, r.arrival_s) for r in step.running)
+        waiting_order = _checked(waiting, mirror.waiting_ids(), "order_waiting")
+        victim_order = _checked(victims, mirror.running_ids(), "order_victims")
+        live = mirror.requests
+        arrival = _ArrivalView(live)
         # Victims: vLLM preempts the running request with the *largest* key, so the
         # first victim must end up last in increasing order.
         for order, reason in ((waiting_order, waiting.reason),
@@ -273,8 +271,8 @@ class Decider:
             for request_id, priority in changes.items():
                 decision.priorities.add(request_id=request_id, priority=priority)
                 # Only changed priorities are recorded: a stable order costs nothing.
-                self._record(mirror, decision.seq, request_id, jobs[request_id], "priority",
-                             reason, {"priority": priority})
+                self._record(mirror, decision.seq, request_id, live[request_id].job_id,
+                             "priority", reason, {"priority": priority})
             state.sent_priority.update(changes)
 
     def _record(
@@ -307,9 +305,26 @@ class PolicyContractError(RuntimeError):
     """A policy returned an order that is not a permutation of its input."""
 
 
-def _checked(ordering: Ordering, requests: Iterable[RequestView], hook: str) -> list[str]:
+def _checked(ordering: Ordering, expected: KeysView[str], hook: str) -> list[str]:
     order = list(ordering.request_ids)
-    expected = {r.request_id for r in requests}
-    if len(order) != len(expected) or set(order) != expected:
+    if len(order) != len(expected) or expected != set(order):
         raise PolicyContractError(f"{hook} must return a permutation of its requests")
     return order
+
+
+class _ArrivalView(Mapping[str, float]):
+    """Arrival times straight from the mirror's live requests (no per-step copy)."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self, live: Mapping[str, LiveRequest]) -> None:
+        self._live = live
+
+    def __getitem__(self, request_id: str) -> float:
+        return self._live[request_id].arrival_s
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)

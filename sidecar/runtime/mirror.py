@@ -11,6 +11,7 @@ lost in a restart; the next snapshot repairs the view.
 
 from __future__ import annotations
 
+from collections.abc import KeysView
 from dataclasses import dataclass, field
 
 from sidecar.api.v1 import engine_session_pb2 as pb
@@ -162,6 +163,12 @@ class EngineMirror:
         self._views[live.state].pop(live.request_id, None)
         live.move_to(state)
         self._views[state][live.request_id] = live.view()
+
+    def waiting_ids(self) -> KeysView[str]:
+        return self._views[RequestState.WAITING].keys()
+
+    def running_ids(self) -> KeysView[str]:
+        return self._views[RequestState.RUNNING].keys()
 
     def waiting(self) -> list[RequestView]:
         return list(self._views[RequestState.WAITING].values())
