@@ -41,6 +41,9 @@ logger = logging.getLogger("kvtether.plugin")
 UNRANKED_PRIORITY = 1 << 30
 # Output tokens decoded at finish to find the tool call the turn ended with.
 TOOL_TAIL_TOKENS = 512
+# Requests reported and not yet answered that the agent remembers (for retention that
+# arrives after a request finished); older ones are forgotten.
+MAX_UNANSWERED = 4096
 
 
 @dataclass(slots=True)
@@ -108,7 +111,7 @@ class EngineAgent:
         # Retention: the effective priorities the daemon sent per live request, applied
         # to its blocks when they are freed (vllm_plugin.retention; None: not installed).
         self.retention: dict[str, pb.BlockRetention] = {}
-        self._retain_blocks = getattr(self.block_pool, "retain", None)
+        self._pool_retention = getattr(self.block_pool, "kvtether_retention", None)
         # Requests reported but not yet answered (seq of that report, oldest first), and
         # the cached blocks of those that finished meanwhile: their priorities, if the
         # answer carries any, still apply to whatever of them is still cached.
@@ -230,7 +233,7 @@ class EngineAgent:
     def retain(self, request: Any) -> None:
         """The request's blocks are about to be freed (finish, preemption, pin): give
         them, in the block pool's side table, the priorities the daemon sent for it."""
-        if self._retain_blocks is None:
+        if self._pool_retention is None:
             return
         retention = self.retention.get(request.request_id)
         finished = request.is_finished()
@@ -244,7 +247,7 @@ class EngineAgent:
         for block_size, blocks, _hashes in freed.groups:
             protections = block_protections(retention.config, len(blocks), block_size,
                                             freed.prompt_tokens)
-            self._retain_blocks(blocks, protections, retention.scope)
+            self._pool_retention.retain(blocks, protections, retention.scope)
 
     def _freed_blocks(self, request: Any) -> _FreedBlocks:
         manager = self.sched.kv_cache_manager
@@ -278,6 +281,10 @@ class EngineAgent:
             for new in report.new_requests:
                 self._unanswered.append((report.seq, new.request_id))
                 self._unanswered_ids.add(new.request_id)
+            while len(self._unanswered) > MAX_UNANSWERED:  # a daemon that never answers
+                _seq, request_id = self._unanswered.popleft()
+                self._unanswered_ids.discard(request_id)
+                self._finished_unanswered.pop(request_id, None)
             if wait_s > 0:
                 self._apply(self.link.take_decisions(wait_s))
 
@@ -442,24 +449,26 @@ class EngineAgent:
             self.retention.pop(retention.request_id, None)  # withdrawn
         elif retention.request_id in self.sched.requests:
             self.retention[retention.request_id] = retention
-        elif (freed := self._finished_unanswered.pop(retention.request_id, None)) is not None:
+        elif (self._pool_retention is not None and (
+                freed := self._finished_unanswered.pop(retention.request_id, None)) is not None):
             # Finished before this answer came (a request shorter than the decision
             # lag): what is still cached of it takes its priorities now.
             for block_size, blocks, hashes in freed.groups:
                 protections = block_protections(retention.config, len(blocks), block_size,
                                                 freed.prompt_tokens)
-                self.block_pool.retain_freed(blocks, hashes, protections, retention.scope)
+                self._pool_retention.retain_freed(blocks, hashes, protections,
+                                                  retention.scope)
 
     def _soft_retain(self, pin: Pin, decision: pb.PinDecision) -> None:
         """A released pin's blocks stay cached at a retention priority (the policy's
         word, anonymous: it raises, never lowers what an owner set)."""
-        if self._retain_blocks is None:
+        if self._pool_retention is None:
             return
         protection = Protection(
             decision.retention_priority,
             decision.retention_duration_s if decision.HasField("retention_duration_s")
             else None)
-        self._retain_blocks(pin.blocks, [protection] * len(pin.blocks), "")
+        self._pool_retention.retain(pin.blocks, [protection] * len(pin.blocks), "")
 
     def _apply_priorities(self, priorities: Iterable[pb.RequestPriority]) -> None:
         requests = self.sched.requests

@@ -9,6 +9,7 @@ it is ignored with one warning naming it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,27 @@ def _flag(request_id: str, field: str, value: object) -> bool:
     return False
 
 
+def _directives(request_id: str, value: object) -> tuple[dict[str, Any], ...]:
+    # vllm_xargs carries only strings, numbers and lists of them: over the OpenAI API
+    # the directives are a JSON string (a list of objects) or a list of JSON strings
+    # (one object each); in process they may be the list itself.
+    if value is None:
+        return ()
+    parsed = value
+    try:
+        if isinstance(value, str):
+            parsed = json.loads(value)
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            parsed = [json.loads(v) for v in value]
+    except json.JSONDecodeError:
+        _warn(request_id, "retention_directives", value, "not valid JSON")
+        return ()
+    if not (isinstance(parsed, list) and all(isinstance(d, dict) for d in parsed)):
+        _warn(request_id, "retention_directives", value, "expected a list of objects")
+        return ()
+    return tuple(parsed)
+
+
 def read_metadata(request: Any) -> RequestMetadata:
     """Metadata of a vLLM ``Request`` (duck-typed: works on any object with the same
     attributes, e.g. in the in-process twin)."""
@@ -72,17 +94,11 @@ def read_metadata(request: Any) -> RequestMetadata:
         # vLLM >= 0.32 carries the OpenAI session id on the request.
         job_id = _text(request_id, "session_id", getattr(request, "session_id", None),
                        MAX_ID_CHARS)
-    directives = extra.get("retention_directives")
-    if directives is not None and not (
-        isinstance(directives, list) and all(isinstance(d, dict) for d in directives)
-    ):
-        _warn(request_id, "retention_directives", directives, "expected a list of objects")
-        directives = None
     return RequestMetadata(
         job_id=job_id,
         is_last_step=_flag(request_id, "is_last_step", extra.get("is_last_step")),
         tool=_text(request_id, "tool", extra.get("tool"), MAX_TOOL_CHARS),
-        retention_directives=tuple(directives or ()),
+        retention_directives=_directives(request_id, extra.get("retention_directives")),
         retention_scope=_text(request_id, "retention_scope", extra.get("retention_scope"),
                               MAX_ID_CHARS),
     )

@@ -82,9 +82,9 @@ class KvtetherMixin:
         from sidecar.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 
-        # Retention priorities on this scheduler's own block pool (vLLM's LRU, bit for
-        # bit, until a directive arrives).
-        retention_pool = install_retention(sched.kv_cache_manager.block_pool)
+        # Retention priorities on this scheduler's own block pool (which stays vLLM's own
+        # class, unchanged, until a block is retained).
+        retention = install_retention(sched.kv_cache_manager.block_pool)
         self.kvtether = EngineAgent(
             self,
             settings,
@@ -93,7 +93,7 @@ class KvtetherMixin:
             parse_tool=resolve_tool,
         )
         self._wrap_allocation(self.kvtether)
-        if retention_pool is not None:
+        if retention is not None:
             self._wrap_frees(self.kvtether)
         logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
                     "fail-%s)", settings.engine_id, settings.daemon_address,

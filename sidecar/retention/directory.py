@@ -3,10 +3,12 @@
 
 - This daemon's Retention service writes through it on every Set and Clear, so a
   directive is in force for the next engine step.
-- When a job's request arrives and the job's entry is missing or older than
-  ``refresh_s``, the entry is fetched from the store in the background (directives
-  set through another daemon sharing the Redis store); if it changed, ``generation``
-  moves on and the decider re-sends the effective priorities of the live requests.
+- On a store shared with other daemons (Redis), when a job's request arrives and the
+  job's entries are missing or older than ``refresh_s``, they are fetched in the
+  background (directives set through another daemon, or before a restart); if one
+  changed, ``generation`` moves on and the decider re-sends the effective priorities
+  of the live requests. On the embedded store this daemon is the only writer: the
+  write-through is the whole truth and nothing is fetched.
 - The store keeps each directive under its TTL (PEXPIRE); an entry here is only a
   cache of it, bounded to ``max_entries`` (least recently used dropped first).
 
@@ -70,8 +72,11 @@ class RetentionDirectory:
         refresh_s: float = 1.0,
         max_entries: int = 100_000,
         clock_s: Callable[[], float] = time.monotonic,
+        fetch: bool | None = None,
     ) -> None:
         self._store = store
+        # None: fetch only from a store other daemons may write (not the embedded one).
+        self._fetch_enabled = store.backend_name != "embedded" if fetch is None else fetch
         self._refresh_s = refresh_s
         self._max_entries = max_entries
         self._clock_s = clock_s
@@ -91,16 +96,19 @@ class RetentionDirectory:
         """The directives pushed for a job (as a job, then as a session), as known now;
         refreshes stale entries in the background."""
         found = []
+        stale: list[tuple[str, int]] = []
         now_s = self._clock_s()
         for kind in TARGET_KINDS:
             target = f"{kind}:{job_id}"
             entry = self._entries.get(target)
             if entry is None or now_s - entry.fetched_at_s >= self._refresh_s:
-                self._fetch_later(target, entry)
+                stale.append((target, -1 if entry is None else entry.version))
             if entry is not None:
                 self._entries.move_to_end(target)
                 if entry.directive is not None:
                     found.append(entry.directive)
+        if stale and self._fetch_enabled:
+            self._fetch_later(job_id, stale)
         return found
 
     async def close(self) -> None:
@@ -118,19 +126,22 @@ class RetentionDirectory:
         if changed:
             self.generation += 1
 
-    def _fetch_later(self, target: str, entry: _Entry | None) -> None:
-        if target in self._fetching:
+    def _fetch_later(self, job_id: str, targets: list[tuple[str, int]]) -> None:
+        if job_id in self._fetching:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # no event loop (a synchronous test): write-through only
-        version = -1 if entry is None else entry.version
-        task = loop.create_task(self._fetch(target, version), name=f"retention-fetch {target}")
-        self._fetching[target] = task
-        task.add_done_callback(lambda _done: self._fetching.pop(target, None))
+            return  # no event loop (a synchronous caller): write-through only
+        task = loop.create_task(self._fetch(targets), name=f"retention-fetch {job_id}")
+        self._fetching[job_id] = task
+        task.add_done_callback(lambda _done: self._fetching.pop(job_id, None))
 
-    async def _fetch(self, target: str, version: int) -> None:
+    async def _fetch(self, targets: list[tuple[str, int]]) -> None:
+        for target, version in targets:
+            await self._fetch_one(target, version)
+
+    async def _fetch_one(self, target: str, version: int) -> None:
         try:
             raw = await self._store.get(keys.retention_directive(target))
             directive = StoredDirective.decode(raw) if raw is not None else None

@@ -258,7 +258,8 @@ def block_protections(
         low, high = index * block_size, (index + 1) * block_size
         # Ranges reach decode tokens too unless the config names a decode priority.
         reach = high if decode is None else min(high, prompt_tokens)
-        candidates = [p for start, end, p in ranges if start < reach and end > low]
+        candidates = [p for start, end, p in ranges if start < reach and end > low
+                      and low < reach]
         if decode is not None and high > prompt_tokens:
             candidates.append(decode)
         found.append(_strongest(candidates) or DEFAULT)

@@ -111,3 +111,72 @@ async def test_negative_duration_and_missing_target(retention) -> None:  # type:
         await retention.GetDirectives(pb.GetDirectivesRequest())
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith("target")
+
+
+# --- authenticated scopes -------------------------------------------------------------
+OWNER_TOKEN = "owner-token-0123456789"
+OTHER_TOKEN = "other-token-0123456789"
+
+
+def bearer(token: str) -> tuple[tuple[str, str]]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+@pytest.fixture(params=["embedded", "redis"])
+async def authenticated(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    flags: dict[str, object] = {"auth": {"tokens": {OWNER_TOKEN: "owner",
+                                                    OTHER_TOKEN: "other"}}}
+    if request.param == "redis":
+        flags["store"] = {"redis_url": request.getfixturevalue("clean_redis")}
+    async with inprocess_daemon(**flags) as (_daemon, channel):
+        yield retention_pb2_grpc.RetentionStub(channel)
+
+
+async def test_with_auth_the_token_decides_the_scope(authenticated) -> None:  # type: ignore[no-untyped-def]
+    # The claimed scope is ignored: the token authenticates "owner".
+    answer = await authenticated.SetDirectives(pb.SetDirectivesRequest(
+        target=SESSION, config=ranges((0, None, 80)), scope="other"),
+        metadata=bearer(OWNER_TOKEN))
+    assert answer.owner_scope == "owner"
+    # A valid token of another scope may raise, not lower, not clear.
+    raised = await authenticated.SetDirectives(pb.SetDirectivesRequest(
+        target=SESSION, config=ranges((0, None, 90))), metadata=bearer(OTHER_TOKEN))
+    assert raised.owner_scope == "owner"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await authenticated.SetDirectives(pb.SetDirectivesRequest(
+            target=SESSION, config=ranges((0, None, 10)), scope="owner"),
+            metadata=bearer(OTHER_TOKEN))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await authenticated.ClearDirectives(
+            pb.ClearDirectivesRequest(target=SESSION, scope="owner"),
+            metadata=bearer(OTHER_TOKEN))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    assert read.owner_scope == "owner" and read.config.token_ranges[0].priority == 90
+    cleared = await authenticated.ClearDirectives(
+        pb.ClearDirectivesRequest(target=SESSION), metadata=bearer(OWNER_TOKEN))
+    assert cleared.cleared
+
+
+@pytest.mark.parametrize("metadata", [None, bearer("not-a-configured-token"),
+                                      (("authorization", OWNER_TOKEN),)])
+async def test_with_auth_mutations_need_a_valid_token(authenticated, metadata) -> None:  # type: ignore[no-untyped-def]
+    await authenticated.SetDirectives(pb.SetDirectivesRequest(
+        target=SESSION, config=ranges((0, None, 80))), metadata=bearer(OWNER_TOKEN))
+    calls = [
+        authenticated.SetDirectives(pb.SetDirectivesRequest(
+            target=SESSION, config=ranges((0, None, 100)), scope="owner"), metadata=metadata),
+        authenticated.ClearDirectives(pb.ClearDirectivesRequest(target=SESSION, scope="owner"),
+                                      metadata=metadata),
+        authenticated.AnnounceToolCall(pb.AnnounceToolCallRequest(job_id="j", tool="ls"),
+                                       metadata=metadata),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert OWNER_TOKEN not in refused.value.details()
+    # Reads need no token, and nothing changed.
+    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    assert read.owner_scope == "owner" and read.config == ranges((0, None, 80))
