@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.twin.steptime import StepTimeModel, shape_of
-from benchmarks.twin.workload import Workload, job_tokens
+from benchmarks.twin.workload import STOP_TOKEN_ID, Workload, job_tokens
 
 MODEL_DIR = Path(__file__).resolve().parent / "model" / "llama-3.1-8b"
 POLICIES = ("native", "fcfs", "continuum", "contextserve")
+_hash_ready = False  # vLLM's block-hash seed, set once per process
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,26 @@ def _plugin_env(address: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _answer_every_report(agent: Any) -> None:
+    """Make every decision arrive before the engine's next look at the link.
+
+    On a GPU the plugin sends its report at the end of a step and applies the answer
+    at the next ``schedule()``: the forward pass in between hides the round trip. The
+    twin's steps take no real time, so the answer would land whenever this box's two
+    cores get to it. Each of the agent's ``take_decisions`` calls therefore waits (up
+    to the plugin's deadline, 10 s here) for the answers to everything sent: the twin
+    models a daemon that always answers within one GPU step, and a run is the same
+    for the same inputs, however loaded the machine is."""
+    link = agent.link
+    take = link.take_decisions
+    deadline_s = agent.settings.deadline_s
+
+    def take_decisions(wait_s: float) -> Any:
+        return take(max(wait_s, deadline_s))
+
+    link.take_decisions = take_decisions
+
+
 def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
                  daemon_address: str | None) -> Any:
     """vLLM's Scheduler (``native``: its own FCFS policy) or kvtether's plugin scheduler
@@ -144,6 +165,7 @@ def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
     # Tools are named by the client (vllm_xargs "tool"): no output to parse, and the
     # twin's model directory has no tokenizer.
     agent._decode_tail = None
+    _answer_every_report(agent)
     deadline = time.monotonic() + 30
     while not agent.link.connected:
         if time.monotonic() > deadline:
@@ -163,8 +185,6 @@ def _make_request(request_id: str, prompt: list[int], max_tokens: int, arrival_s
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
-    from benchmarks.twin.workload import STOP_TOKEN_ID
-
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt,
@@ -175,9 +195,6 @@ def _make_request(request_id: str, prompt: list[int], max_tokens: int, arrival_s
         arrival_time=arrival_s,
         block_hasher=get_request_block_hasher(block_size, sha256),
     )
-
-
-_hash_ready = False
 
 
 def _model_output(scheduler: Any, scheduler_output: Any,
@@ -299,7 +316,9 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
             result.samples.append(Sample(
                 t_s=round(now_s, 4), running=running,
                 waiting=len(scheduler.requests) - running,
-                pinned_blocks=sum(len(p.blocks) for p in pins.values()), pins=len(pins),
+                # Distinct blocks: jobs that share a prefix pin the same blocks.
+                pinned_blocks=len({b.block_id for p in pins.values() for b in p.blocks}),
+                pins=len(pins),
                 free_blocks=pool.get_num_free_blocks(), kv_usage=round(pool.get_usage(), 4),
                 jobs_in_flight=in_flight))
             next_sample_s = now_s + sample_every_s

@@ -101,9 +101,9 @@ LLAMA_31_8B = ModelSpec(
 class Efficiency:
     """The calibrated part: fractions of peak and the engine's CPU costs."""
 
-    bandwidth_efficiency: float = 0.85  # achieved / peak DRAM bandwidth
+    bandwidth_efficiency: float = 0.9  # achieved / peak DRAM bandwidth
     mfu: float = 0.6  # achieved / peak bf16 tensor FLOPs
-    step_overhead_s: float = 0.002  # scheduler + launch + sync per step
+    step_overhead_s: float = 0.001  # scheduler + launch + sync per step
     per_seq_overhead_s: float = 20e-6  # input prep + sampling + detokenize per sequence
 
     def __post_init__(self) -> None:

@@ -42,6 +42,10 @@ class Turn:
     tool: str | None  # the tool this turn's answer calls (None: no tool / last step)
     tool_time_s: float  # how long that tool runs before the next turn is sent
     is_last_step: bool
+    # Which answer the model gave, for jobs that run a shared script: jobs with the
+    # same script and the same answers so far have identical contexts. None: an
+    # answer no other job gives (the job's context is its own from here on).
+    answer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,10 @@ class Job:
     job_id: str
     arrival_s: float
     turns: tuple[Turn, ...]
+    # Jobs naming the same script share their first prompt and, while their answers
+    # agree, every later one (same system prompt, task, tool outputs). None: the job
+    # shares no token with any other job.
+    script: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +74,7 @@ class Workload:
             "description": self.description,
             "max_output_tokens": self.max_output_tokens,
             "generator": self.generator,
-            "jobs": [{"job_id": j.job_id, "arrival_s": round(j.arrival_s, 6),
-                      "turns": [asdict(t) for t in j.turns]} for j in self.jobs],
+            "jobs": [_job_json(j) for j in self.jobs],
         }
 
     def save(self, path: Path) -> None:
@@ -78,6 +85,20 @@ class Workload:
     def max_context_tokens(self) -> int:
         return max((t.prompt_tokens + t.output_tokens for j in self.jobs for t in j.turns),
                    default=0)
+
+
+def _job_json(job: Job) -> dict[str, Any]:
+    out: dict[str, Any] = {"job_id": job.job_id, "arrival_s": round(job.arrival_s, 6)}
+    if job.script is not None:
+        out["script"] = job.script
+    turns = []
+    for turn in job.turns:
+        item = asdict(turn)
+        if item["answer"] is None:
+            del item["answer"]
+        turns.append(item)
+    out["turns"] = turns
+    return out
 
 
 # --- reading and checking ---------------------------------------------------------------
@@ -136,7 +157,7 @@ def from_json(data: Any) -> Workload:
     seen: set[str] = set()
     for j, raw_job in enumerate(top["jobs"]):
         where = f"jobs[{j}]"
-        obj = _keys(raw_job, where, {"job_id", "arrival_s", "turns"}, set())
+        obj = _keys(raw_job, where, {"job_id", "arrival_s", "turns"}, {"script"})
         job_id = obj["job_id"]
         if not isinstance(job_id, str) or not job_id:
             raise WorkloadError(f"{where}.job_id", "expected a non-empty string")
@@ -144,6 +165,9 @@ def from_json(data: Any) -> Workload:
             raise WorkloadError(f"{where}.job_id", f"duplicate {job_id!r}")
         seen.add(job_id)
         arrival_s = _number(obj["arrival_s"], f"{where}.arrival_s")
+        script = obj.get("script")
+        if script is not None and (not isinstance(script, str) or not script):
+            raise WorkloadError(f"{where}.script", "expected a non-empty string or null")
         raw_turns = obj["turns"]
         if not isinstance(raw_turns, list) or not raw_turns:
             raise WorkloadError(f"{where}.turns", "expected a non-empty list")
@@ -151,7 +175,7 @@ def from_json(data: Any) -> Workload:
         for k, raw_turn in enumerate(raw_turns):
             at = f"{where}.turns[{k}]"
             t = _keys(raw_turn, at, {"prompt_tokens", "output_tokens", "is_last_step"},
-                      {"tool", "tool_time_s"})
+                      {"tool", "tool_time_s", "answer"})
             prompt = _integer(t["prompt_tokens"], f"{at}.prompt_tokens", 1)
             output = _integer(t["output_tokens"], f"{at}.output_tokens", 1)
             if output > max_output:
@@ -174,8 +198,11 @@ def from_json(data: Any) -> Workload:
             if last != (k == len(raw_turns) - 1):
                 raise WorkloadError(f"{at}.is_last_step",
                                     "must be true on the job's last turn and only there")
-            turns.append(Turn(prompt, output, tool, tool_time_s, last))
-        jobs.append(Job(job_id, arrival_s, tuple(turns)))
+            answer = t.get("answer")
+            if answer is not None and (not isinstance(answer, str) or not answer):
+                raise WorkloadError(f"{at}.answer", "expected a non-empty string or null")
+            turns.append(Turn(prompt, output, tool, tool_time_s, last, answer))
+        jobs.append(Job(job_id, arrival_s, tuple(turns), script))
     jobs.sort(key=lambda job: (job.arrival_s, job.job_id))
     return Workload(name=name, jobs=tuple(jobs), max_output_tokens=max_output,
                     description=str(top.get("description", "")), generator=generator)
@@ -204,7 +231,7 @@ def poisson_arrivals(rng: random.Random, jobs_per_s: float, duration_s: float | 
 
 @dataclass(frozen=True, slots=True)
 class TurnSpec:
-    """One turn of a generated job: the mean prompt length it reaches, its answer's
+    """One turn of a generated job: the prompt length it reaches, its answer's mean
     length, and the tool the answer calls."""
 
     prompt_tokens: int
@@ -212,39 +239,46 @@ class TurnSpec:
     tool: str | None
     # Tool time: ("uniform", low_s, high_s) or ("lognormal", median_s, sigma).
     tool_time: tuple[str, float, float]
+    # A short answer (one bash line) that jobs running the same script may give
+    # word for word; a long one (a patch, a summary) is every job's own.
+    short_answer: bool = True
 
 
 # The reference A/B benchmark (reference/continuum-kv-pinning-verification.txt):
 # per-turn average prompt tokens 92 ... 2915 (its output JSON), tools and tool times
 # from its TOOL_TIME_DISTRIBUTIONS (turn 1 find/ls, 2-3 cat, 4 grep, 5 pytest 2-5 s,
-# 6 cat, 7 patch). Output lengths are not published: turn 7 writes the patch (the
-# 150-token cap, as its 3.7 s latency at 8 jobs/s shows); the other turns answer with
-# one short bash block. These are workload facts set once in the FCFS calibration.
+# 6 cat, 7 patch). Answer lengths are not published: these means are fitted to FCFS's
+# per-turn latencies at 8 jobs/s (``calibrate --fit``, benchmarks/twin/fit.py; FCFS
+# only): a first answer with a plan (30), short bash blocks (9-17), the patch (60), a
+# closing summary (19).
 REFERENCE_TURNS: tuple[TurnSpec, ...] = (
-    TurnSpec(92, 10, "ls", ("uniform", 0.05, 0.15)),
-    TurnSpec(469, 10, "cat", ("uniform", 0.05, 0.10)),
-    TurnSpec(811, 10, "cat", ("uniform", 0.05, 0.10)),
-    TurnSpec(1343, 12, "grep", ("uniform", 0.08, 0.20)),
-    TurnSpec(1655, 8, "pytest", ("uniform", 2.0, 5.0)),
+    TurnSpec(92, 30, "ls", ("uniform", 0.05, 0.15)),
+    TurnSpec(469, 9, "cat", ("uniform", 0.05, 0.10)),
+    TurnSpec(811, 15, "cat", ("uniform", 0.05, 0.10)),
+    TurnSpec(1343, 17, "grep", ("uniform", 0.08, 0.20)),
+    TurnSpec(1655, 9, "pytest", ("uniform", 2.0, 5.0)),
     TurnSpec(2241, 10, "cat", ("uniform", 0.05, 0.10)),
-    TurnSpec(2665, 150, "patch", ("uniform", 0.10, 0.30)),
-    TurnSpec(2915, 24, None, ("uniform", 0.0, 0.0)),
+    TurnSpec(2665, 60, "patch", ("uniform", 0.10, 0.30), short_answer=False),
+    TurnSpec(2915, 19, None, ("uniform", 0.0, 0.0), short_answer=False),
 )
+# How often a job's short answer is the one most jobs give, fitted the same way: with
+# jobs sharing nothing the reference's FCFS figures are out of a 5090's reach (README).
+REFERENCE_ANSWER_AGREEMENT = 0.966
 
 # A longer agent (SWE-style, 11 turns) with log-normal tool times: heavier tails, two
 # test runs, a slow dependency install; context grows to ~3,500 tokens.
 LONG_TURNS: tuple[TurnSpec, ...] = (
-    TurnSpec(120, 20, "ls", ("lognormal", 0.08, 0.5)),
-    TurnSpec(420, 20, "cat", ("lognormal", 0.06, 0.5)),
-    TurnSpec(800, 28, "grep", ("lognormal", 0.15, 0.7)),
-    TurnSpec(1150, 20, "cat", ("lognormal", 0.06, 0.5)),
-    TurnSpec(1400, 24, "pip install", ("lognormal", 6.0, 0.6)),
-    TurnSpec(1700, 16, "pytest", ("lognormal", 3.0, 0.8)),
-    TurnSpec(2250, 120, "sed", ("lognormal", 0.05, 0.5)),
-    TurnSpec(2500, 16, "pytest", ("lognormal", 3.0, 0.8)),
-    TurnSpec(2950, 24, "git diff", ("lognormal", 0.1, 0.5)),
-    TurnSpec(3200, 60, "python", ("lognormal", 1.0, 1.0)),
-    TurnSpec(3500, 40, None, ("uniform", 0.0, 0.0)),
+    TurnSpec(120, 12, "ls", ("lognormal", 0.08, 0.5)),
+    TurnSpec(420, 12, "cat", ("lognormal", 0.06, 0.5)),
+    TurnSpec(800, 16, "grep", ("lognormal", 0.15, 0.7)),
+    TurnSpec(1150, 12, "cat", ("lognormal", 0.06, 0.5)),
+    TurnSpec(1400, 14, "pip install", ("lognormal", 6.0, 0.6)),
+    TurnSpec(1700, 10, "pytest", ("lognormal", 3.0, 0.8)),
+    TurnSpec(2250, 120, "sed", ("lognormal", 0.05, 0.5), short_answer=False),
+    TurnSpec(2500, 10, "pytest", ("lognormal", 3.0, 0.8)),
+    TurnSpec(2950, 14, "git diff", ("lognormal", 0.1, 0.5)),
+    TurnSpec(3200, 60, "python", ("lognormal", 1.0, 1.0), short_answer=False),
+    TurnSpec(3500, 40, None, ("uniform", 0.0, 0.0), short_answer=False),
 )
 
 GENERATORS: dict[str, tuple[tuple[TurnSpec, ...], str]] = {
@@ -262,19 +296,44 @@ def _tool_time_s(rng: random.Random, spec: tuple[str, float, float]) -> float:
     raise ValueError(f"unknown tool-time distribution {kind!r}")
 
 
+def _answer_length(rng: random.Random, mean: int, spread: float, cap: int) -> int:
+    if mean >= cap:
+        return cap
+    low = max(1, round(mean * (1 - spread)))
+    high = max(low, round(mean * (1 + spread)))
+    return min(cap, rng.randint(low, high))
+
+
 def generate(kind: str, jobs_per_s: float, seed: int = 0, duration_s: float | None = 100.0,
              num_jobs: int | None = None, max_output_tokens: int = 150,
-             output_spread: float = 0.5, turns: Sequence[TurnSpec] | None = None) -> Workload:
+             output_spread: float = 0.5, answer_agreement: float = 0.0,
+             answer_tokens: dict[int, int] | None = None,
+             turns: Sequence[TurnSpec] | None = None) -> Workload:
     """A workload of ``kind`` ("reference" or "long") with Poisson arrivals.
 
-    Each answer's length is uniform in mean * [1 - spread, 1 + spread] (capped at
-    ``max_output_tokens``); the new tokens of turn k+1 make its prompt exactly the
-    spec's ``prompt_tokens`` (at least one new token), so prompt lengths per turn are
-    the spec's and one job's context grows as the reference's does."""
+    Answer lengths are uniform in mean * [1 - spread, 1 + spread] (capped at
+    ``max_output_tokens``; ``answer_tokens`` {turn: mean} overrides the spec's means);
+    each turn's new tokens bring its prompt to the spec's ``prompt_tokens`` (at least
+    one new token), so one job's context grows as the reference's does.
+
+    ``answer_agreement`` = 0 (default): every job is its own conversation and shares no
+    token with any other. ``answer_agreement`` = p > 0: every job runs the same script
+    (system prompt, task, canned tool outputs — as the reference benchmark's client
+    does) and each short answer is, with probability p, the answer most jobs give
+    (same tokens, same length); otherwise it is the job's own. Jobs whose answers have
+    agreed so far share their whole context, which vLLM's prefix cache serves across
+    jobs; after its first own answer a job's context is its own. Long answers (a
+    patch, a summary) are always a job's own."""
     specs, description = GENERATORS[kind] if turns is None else (tuple(turns), "custom")
+    if not 0.0 <= answer_agreement <= 1.0:
+        raise ValueError("answer_agreement must be in [0, 1]")
+    means = {k + 1: spec.output_tokens_mean for k, spec in enumerate(specs)}
+    means.update(answer_tokens or {})
     if num_jobs is not None:
         duration_s = None
-    arrivals = poisson_arrivals(random.Random(f"arrivals:{seed}:{jobs_per_s}"), jobs_per_s,
+    # float(): 8 and 8.0 are the same load and must give the same arrivals.
+    arrivals = poisson_arrivals(random.Random(f"arrivals:{seed}:{float(jobs_per_s)}"),
+                                jobs_per_s,
                                 duration_s=duration_s, num_jobs=num_jobs)
     jobs = []
     for index, arrival_s in enumerate(arrivals):
@@ -283,30 +342,40 @@ def generate(kind: str, jobs_per_s: float, seed: int = 0, duration_s: float | No
         # at every load.
         rng = random.Random(f"job:{seed}:{index}")
         built: list[Turn] = []
+        on_script = answer_agreement > 0
         for k, spec in enumerate(specs):
             prompt = spec.prompt_tokens
             if built:
                 prompt = max(prompt, built[-1].prompt_tokens + built[-1].output_tokens + 1)
-            low = max(1, round(spec.output_tokens_mean * (1 - output_spread)))
-            high = max(low, round(spec.output_tokens_mean * (1 + output_spread)))
-            output = min(max_output_tokens, rng.randint(low, high))
-            if spec.output_tokens_mean >= max_output_tokens:
-                output = max_output_tokens
+            mean = means[k + 1]
+            answer = None
+            agrees = rng.random() < answer_agreement  # drawn always: same stream for all p
+            on_script = on_script and spec.short_answer and agrees
+            if on_script:
+                answer = "common"
+                # The common answer has the same length in every job.
+                output = _answer_length(random.Random(f"answer:{seed}:{k}"), mean,
+                                        output_spread, max_output_tokens)
+            else:
+                output = _answer_length(rng, mean, output_spread, max_output_tokens)
             last = k == len(specs) - 1
             built.append(Turn(prompt_tokens=prompt, output_tokens=output,
                               tool=None if last else spec.tool,
                               tool_time_s=0.0 if last else round(
                                   _tool_time_s(rng, spec.tool_time), 6),
-                              is_last_step=last))
-        jobs.append(Job(job_id, arrival_s, tuple(built)))
+                              is_last_step=last, answer=answer))
+        jobs.append(Job(job_id, round(arrival_s, 6), tuple(built),
+                        script=kind if answer_agreement > 0 else None))
     return Workload(
-        name=f"{kind}-{jobs_per_s:g}jps-seed{seed}",
+        name=f"{kind}-{jobs_per_s:g}jps-seed{seed}"
+        + (f"-agree{answer_agreement:g}" if answer_agreement else ""),
         description=description,
         jobs=tuple(jobs),
         max_output_tokens=max_output_tokens,
         generator={"kind": kind, "jobs_per_s": jobs_per_s, "seed": seed,
                    "duration_s": duration_s, "num_jobs": num_jobs,
-                   "output_spread": output_spread},
+                   "output_spread": output_spread, "answer_agreement": answer_agreement,
+                   "answer_tokens": means},
     )
 
 
@@ -318,16 +387,32 @@ STOP_TOKEN_ID = 128009
 _CONTENT_LOW, _CONTENT_HIGH = 1000, 128000
 
 
+def _random_tokens(seed: str, count: int) -> list[int]:
+    rng = random.Random(seed)
+    span = _CONTENT_HIGH - _CONTENT_LOW
+    return [_CONTENT_LOW + rng.randrange(span) for _ in range(count)]
+
+
 def job_tokens(job: Job, max_output_tokens: int) -> list[int]:
     """Every token of a job's final context, in order: turn k's prompt is the first
-    ``prompt_tokens[k]`` of them and its answer the next ``output_tokens[k]``. Random per
-    job id (so jobs share no prefix) and fixed for it (so its turns share theirs)."""
-    last = job.turns[-1]
-    length = last.prompt_tokens + last.output_tokens
-    rng = random.Random(f"tokens:{job.job_id}")
-    span = _CONTENT_HIGH - _CONTENT_LOW
-    tokens = [_CONTENT_LOW + rng.randrange(span) for _ in range(length)]
-    for turn in job.turns:
+    ``prompt_tokens[k]`` of them and its answer the next ``output_tokens[k]``.
+
+    A segment's tokens are drawn from a seed that names what it depends on: without a
+    script, the job id (jobs share nothing); with one, the script and the answers so
+    far (jobs that agree share everything up to their first different answer, after
+    which each continues on its own)."""
+    tokens: list[int] = []
+    history = f"script:{job.script}" if job.script is not None else None
+    for k, turn in enumerate(job.turns):
+        owner = history if history is not None else f"job:{job.job_id}"
+        tokens += _random_tokens(f"in:{owner}:{k}", turn.prompt_tokens - len(tokens))
+        if history is not None and turn.answer is not None:
+            history = f"{history}/{turn.answer}"
+        else:
+            history = None
+        owner = history if history is not None else f"job:{job.job_id}"
+        answer = _random_tokens(f"out:{owner}:{k}", turn.output_tokens)
         if turn.output_tokens < max_output_tokens:
-            tokens[turn.prompt_tokens + turn.output_tokens - 1] = STOP_TOKEN_ID
+            answer[-1] = STOP_TOKEN_ID
+        tokens += answer
     return tokens

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.twin.cli import main
+
+sys.exit(main())

@@ -1,0 +1,462 @@
+"""``python -m benchmarks.twin run|sweep|calibrate|workload`` — see README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.twin import workload as wl
+from benchmarks.twin.steptime import LLAMA_31_8B, RTX_5090, Efficiency, StepTimeModel
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "twin"
+SWEEP_POLICIES = ("fcfs", "continuum", "contextserve")
+SWEEP_JPS = (1.0, 2.0, 4.0, 8.0, 12.0)
+SWEEP_BLOCKS = (5402, 3000, 9000, 13000)
+# --quick: CI scale, a few seconds a point.
+QUICK_DURATION_S = 15.0
+QUICK_JPS = (2.0, 8.0)
+
+
+# --- one point ------------------------------------------------------------------------
+
+def _efficiency(args: argparse.Namespace) -> Efficiency:
+    eff = Efficiency()
+    changes = {}
+    if args.mfu is not None:
+        changes["mfu"] = args.mfu
+    if args.bandwidth_efficiency is not None:
+        changes["bandwidth_efficiency"] = args.bandwidth_efficiency
+    if args.step_overhead_ms is not None:
+        changes["step_overhead_s"] = args.step_overhead_ms / 1000
+    if args.per_seq_overhead_us is not None:
+        changes["per_seq_overhead_s"] = args.per_seq_overhead_us / 1e6
+    return replace(eff, **changes)
+
+
+def make_workload(kind: str, jobs_per_s: float, seed: int, duration_s: float | None,
+                  num_jobs: int | None, answer_agreement: float) -> wl.Workload:
+    return wl.generate(kind, jobs_per_s, seed=seed, duration_s=duration_s, num_jobs=num_jobs,
+                       answer_agreement=answer_agreement)
+
+
+def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks: int,
+              efficiency: Efficiency, params: Sequence[str] = (),
+              progress: bool = False) -> tuple[dict[str, Any], float]:
+    """One simulation; the result (reference schema + extras) and its wall time."""
+    from benchmarks.twin.daemon import running_daemon
+    from benchmarks.twin.metrics import summarize
+    from benchmarks.twin.simulator import EngineConfig, VirtualClock, build_engine, simulate
+
+    config = EngineConfig(num_blocks=num_blocks)
+    if workload.max_context_tokens > config.max_model_len:
+        raise SystemExit(f"workload: a context of {workload.max_context_tokens} tokens "
+                         f"exceeds max_model_len {config.max_model_len}")
+    step_model = StepTimeModel.derive(RTX_5090, LLAMA_31_8B, efficiency)
+    clock = VirtualClock()
+    say = (lambda line: print(f"  [{policy} {jobs_per_s:g} jps] {line}", file=sys.stderr,
+                              flush=True)) if progress else None
+    if policy == "native":
+        scheduler = build_engine(policy, config, clock, None)
+        result = simulate(workload, scheduler, step_model, config, clock, progress=say)
+    else:
+        with running_daemon(policy, params) as daemon:
+            scheduler = build_engine(policy, config, clock, daemon.address)
+            try:
+                result = simulate(workload, scheduler, step_model, config, clock,
+                                  progress=say)
+            finally:
+                scheduler.shutdown()
+    fallback_steps = result.plugin_counters.get("fallback_steps", 0)
+    if fallback_steps:
+        raise RuntimeError(f"{policy} at {jobs_per_s:g} jobs/s: {fallback_steps} steps ran "
+                           "without the daemon's decision: not a measurement of the policy")
+    summary = summarize(result, policy, jobs_per_s)
+    summary["setup"] = {
+        "workload": workload.name,
+        "workload_generator": workload.generator,
+        "policy_params": list(params),
+        "engine": asdict(config),
+        "gpu": asdict(RTX_5090),
+        "model": LLAMA_31_8B.name,
+        "efficiency": asdict(efficiency),
+        "step_time_model": step_model.as_dict(),
+    }
+    return summary, result.wall_s
+
+
+def _write_json(path: Path, data: Any, compact: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=1)
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.workload is not None:
+        workload = wl.load(args.workload)
+        jobs_per_s = float(workload.generator.get("jobs_per_s", args.jps))
+    else:
+        workload = make_workload(args.kind, args.jps, args.seed,
+                                 QUICK_DURATION_S if args.quick else args.duration_s,
+                                 args.jobs, args.answer_agreement)
+        jobs_per_s = args.jps
+    summary, wall_s = run_point(workload, args.policy, jobs_per_s, args.blocks,
+                                _efficiency(args), args.param, progress=not args.quiet)
+    if args.out is not None:
+        _write_json(args.out, summary, compact=True)
+    brief = {k: summary[k] for k in ("policy", "jps", "num_jobs", "avg_duration_s",
+                                     "median_duration_s", "p90_duration_s", "p95_duration_s",
+                                     "prefix_cache_hit_rate", "preemptions",
+                                     "pinned_blocks_max")}
+    print(json.dumps({**brief, "wall_s": round(wall_s, 1)}))
+    return 0
+
+
+# --- sweep ----------------------------------------------------------------------------
+
+def machine_info() -> dict[str, Any]:
+    import vllm
+
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dirty = bool(git("status", "--porcelain"))
+    return {
+        "kvtether_git_rev": git("rev-parse", "HEAD") + ("+dirty" if dirty else ""),
+        "vllm": vllm.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.system()} {platform.machine()}, {cpu}, "
+                   f"{os.cpu_count()} CPUs",
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _point_path(out_dir: Path, label: str, blocks: int, policy: str, jps: float) -> Path:
+    return out_dir / "points" / label / f"blocks{blocks}" / f"{policy}-{jps:g}jps.json"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    out_dir: Path = args.out_dir
+    label = args.label or (f"{args.kind}" + (f"-agree{args.answer_agreement:g}"
+                                             if args.answer_agreement else ""))
+    if args.seed and not args.label:
+        label += f"-seed{args.seed}"
+    if args.quick:
+        label += "-quick"
+    jps_list = args.jps or (QUICK_JPS if args.quick else SWEEP_JPS)
+    blocks_list = args.blocks or ((5402,) if args.quick else SWEEP_BLOCKS)
+    duration_s = QUICK_DURATION_S if args.quick else args.duration_s
+    efficiency = _efficiency(args)
+    timings_path = out_dir / "points" / label / "timings.json"
+    timings: dict[str, float] = (json.loads(timings_path.read_text())
+                                 if timings_path.exists() else {})
+    command = "python -m benchmarks.twin " + " ".join(sys.argv[1:])
+    for blocks in blocks_list:
+        for jps in jps_list:
+            workload = make_workload(args.kind, jps, args.seed, duration_s, None,
+                                     args.answer_agreement)
+            for policy in args.policies:
+                path = _point_path(out_dir, label, blocks, policy, jps)
+                if path.exists() and not args.force:
+                    continue
+                started = time.perf_counter()
+                summary, _ = run_point(workload, policy, jps, blocks, efficiency,
+                                       progress=args.progress)
+                elapsed = time.perf_counter() - started
+                _write_json(path, summary, compact=True)
+                timings[f"blocks{blocks}/{policy}-{jps:g}jps"] = round(elapsed, 1)
+                _write_json(timings_path, timings)
+                print(f"{label} blocks={blocks} {policy:12s} {jps:5g} jps: avg "
+                      f"{summary['avg_duration_s']} s, hit {summary['prefix_cache_hit_rate']}, "
+                      f"preemptions {summary['preemptions']}  ({elapsed:.0f} s)", flush=True)
+    meta_path = out_dir / "points" / label / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"runs": []}
+    meta.update({"label": label, "kind": args.kind, "answer_agreement": args.answer_agreement,
+                 "seed": args.seed, "duration_s": duration_s,
+                 "efficiency": asdict(efficiency)})
+    # Every invocation that wrote points here, in order (a label fills up over several).
+    meta["runs"].append({"command": command, **machine_info(), "policies": list(args.policies),
+                         "jps": list(jps_list), "blocks": list(blocks_list)})
+    _write_json(meta_path, meta)
+    _render(out_dir, label)
+    return 0
+
+
+def _render(out_dir: Path, label: str) -> None:
+    from benchmarks.twin.plots import load_points, plot_sweep, plot_timeseries, write_summary
+
+    write_summary(out_dir, label)
+    plot_sweep(out_dir, label)
+    points = load_points(out_dir, label)
+    for blocks, jps in sorted({(p["_blocks"], p["jps"]) for p in points}):
+        if blocks == 5402 and jps in (8.0, 12.0):
+            plot_timeseries(out_dir, label, blocks, jps)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    _render(args.out_dir, args.label)
+    return 0
+
+
+# --- calibration ----------------------------------------------------------------------
+
+# DESIGN.md "Measuring": FCFS on one RTX 5090 (reference A/B benchmark).
+CALIBRATION_TARGETS: dict[float, dict[str, Any]] = {
+    2.0: {"num_jobs": 206, "avg_duration_s": 6.65, "median_duration_s": 6.63},
+    8.0: {"num_jobs": 756, "avg_duration_s": 14.10, "median_duration_s": 14.33,
+          "p90_duration_s": 17.02, "p95_duration_s": 17.54,
+          "per_turn_avg_latency_ms": {"1": 1263, "2": 735, "3": 574, "4": 1005, "5": 749,
+                                      "6": 641, "7": 3732, "8": 1236}},
+}
+
+
+def calibration_rows(results: dict[float, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for jps, target in CALIBRATION_TARGETS.items():
+        got = results.get(jps)
+        if got is None:
+            continue
+        for key, want in target.items():
+            if key == "num_jobs":
+                continue
+            if isinstance(want, dict):
+                for turn, value in want.items():
+                    twin = got[key][turn]
+                    rows.append({"jps": jps, "figure": f"turn {turn} latency ms "
+                                 f"({got['per_turn_avg_prompt_tokens'][turn]} tokens)",
+                                 "target": value, "twin": twin,
+                                 "off_pct": round(100 * (twin - value) / value, 1)})
+            else:
+                twin = got[key]
+                rows.append({"jps": jps, "figure": key, "target": want, "twin": twin,
+                             "off_pct": round(100 * (twin - want) / want, 1)})
+    return rows
+
+
+def calibrate_once(policy: str, agreement: float, seed: int, efficiency: Efficiency,
+                   progress: bool = False) -> dict[str, Any]:
+    results: dict[float, dict[str, Any]] = {}
+    for jps, target in CALIBRATION_TARGETS.items():
+        workload = make_workload("reference", jps, seed, None, target["num_jobs"], agreement)
+        summary, wall_s = run_point(workload, policy, jps, 5402, efficiency, progress=progress)
+        summary["wall_s"] = round(wall_s, 1)
+        results[jps] = summary
+    rows = calibration_rows(results)
+    return {
+        "policy": policy,
+        "answer_agreement": agreement,
+        "seed": seed,
+        "rows": rows,
+        "within_10_pct": sum(1 for r in rows if abs(r["off_pct"]) <= 10),
+        "figures": len(rows),
+        "mean_abs_off_pct": round(sum(abs(r["off_pct"]) for r in rows) / len(rows), 1),
+        "runs": {str(jps): {k: r[k] for k in (
+            "num_jobs", "avg_duration_s", "median_duration_s", "p90_duration_s",
+            "p95_duration_s", "per_turn_avg_latency_ms", "per_turn_avg_prompt_tokens",
+            "prefix_cache_hit_rate", "preemptions", "kv_usage_avg", "jobs_in_flight_avg",
+            "jobs_in_flight_max", "wall_s")} for jps, r in results.items()},
+    }
+
+
+def _calibration_markdown(report: dict[str, Any]) -> str:
+    lines = ["# FCFS calibration of the twin", "",
+             f"- command: `{report['command']}`",
+             f"- kvtether {report['kvtether_git_rev']}, vLLM {report['vllm']}, "
+             f"Python {report['python']}; {report['machine']}; {report['date_utc']}",
+             f"- step-time model: {json.dumps(report['step_time_model'])}",
+             f"- efficiencies: {json.dumps(report['efficiency'])}",
+             f"- answer lengths (tokens, mean per turn): "
+             f"{json.dumps(report['answer_tokens'])}", ""]
+    for case in report["cases"]:
+        lines += [f"## {case['policy']}, answer_agreement {case['answer_agreement']:g}, "
+                  f"seed {case['seed']}: {case['within_10_pct']}/{case['figures']} within "
+                  f"10%, mean |off| {case['mean_abs_off_pct']}%", "",
+                  "| jobs/s | figure | target (RTX 5090) | twin | off |", "|---|---|---|---|---|"]
+        for row in case["rows"]:
+            lines.append(f"| {row['jps']:g} | {row['figure']} | {row['target']:g} | "
+                         f"{row['twin']:g} | {row['off_pct']:+.1f}% |")
+        for jps, run in case["runs"].items():
+            lines.append("")
+            lines.append(f"{jps} jobs/s: {run['num_jobs']} jobs, prefix-cache hit "
+                         f"{run['prefix_cache_hit_rate']}, preemptions {run['preemptions']}, "
+                         f"KV usage avg {run['kv_usage_avg']}, jobs in flight avg "
+                         f"{run['jobs_in_flight_avg']} (max {run['jobs_in_flight_max']}).")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    efficiency = _efficiency(args)
+    if args.fit:
+        from benchmarks.twin.fit import fit
+
+        start = {k + 1: spec.output_tokens_mean for k, spec in enumerate(wl.REFERENCE_TURNS)}
+        best = fit(efficiency, start)
+        best.pop("results")
+        print(json.dumps(best))
+        print("Put answer_tokens into REFERENCE_TURNS and answer_agreement into "
+              "REFERENCE_ANSWER_AGREEMENT (benchmarks/twin/workload.py), then run calibrate.")
+        return 0
+    agreement = (wl.REFERENCE_ANSWER_AGREEMENT if args.answer_agreement is None
+                 else args.answer_agreement)
+    cases = [calibrate_once(args.policy, agreement, seed, efficiency, args.progress)
+             for seed in args.seeds]
+    if args.distinct:
+        cases.append(calibrate_once(args.policy, 0.0, args.seeds[0], efficiency,
+                                    args.progress))
+    step_model = StepTimeModel.derive(RTX_5090, LLAMA_31_8B, efficiency)
+    report = {
+        "cases": cases,
+        "efficiency": asdict(efficiency),
+        "step_time_model": step_model.as_dict(),
+        "answer_tokens": {k + 1: spec.output_tokens_mean
+                          for k, spec in enumerate(wl.REFERENCE_TURNS)},
+        **machine_info(),
+        "command": "python -m benchmarks.twin " + " ".join(sys.argv[1:]),
+    }
+    for case in cases:
+        print(f"{case['policy']}, answer_agreement {case['answer_agreement']:g}, "
+              f"seed {case['seed']}:")
+        print(f"{'jps':>4}  {'figure':38s} {'target':>8} {'twin':>8} {'off':>7}")
+        for row in case["rows"]:
+            print(f"{row['jps']:4g}  {row['figure']:38s} {row['target']:8g} "
+                  f"{row['twin']:8g} {row['off_pct']:+6.1f}%")
+        print(f"{case['within_10_pct']}/{case['figures']} figures within 10%\n")
+    if args.out_dir is not None:
+        name = f"calibration-{args.policy}"
+        _write_json(args.out_dir / f"{name}.json", report)
+        (args.out_dir / f"{name}.md").write_text(_calibration_markdown(report))
+    return 0
+
+
+# --- workload files -------------------------------------------------------------------
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        try:
+            loaded = wl.load(args.file)
+        except wl.WorkloadError as error:
+            print(f"{args.file}: {error}", file=sys.stderr)
+            return 2
+        turns = sum(len(j.turns) for j in loaded.jobs)
+        print(f"{args.file}: ok, {len(loaded.jobs)} jobs, {turns} turns, longest context "
+              f"{loaded.max_context_tokens} tokens")
+        return 0
+    workload = make_workload(args.kind, args.jps, args.seed, args.duration_s, args.jobs,
+                             args.answer_agreement)
+    workload.save(args.file)
+    print(f"{args.file}: {len(workload.jobs)} jobs")
+    return 0
+
+
+# --- parser ---------------------------------------------------------------------------
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("step-time model (defaults: the FCFS calibration)")
+    group.add_argument("--mfu", type=float)
+    group.add_argument("--bandwidth-efficiency", type=float)
+    group.add_argument("--step-overhead-ms", type=float)
+    group.add_argument("--per-seq-overhead-us", type=float)
+
+
+def _add_workload_flags(parser: argparse.ArgumentParser, single: bool = True) -> None:
+    parser.add_argument("--kind", choices=sorted(wl.GENERATORS), default="reference")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answer-agreement", type=float, default=0.0,
+                        help="0: jobs share no token (default); p: one script, each short "
+                             "answer the common one with probability p")
+    parser.add_argument("--duration-s", type=float, default=100.0,
+                        help="arrival window (default 100 s)")
+    if single:
+        parser.add_argument("--jobs", type=int, help="exactly this many jobs instead")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.twin", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="one policy at one load")
+    run.add_argument("--policy", choices=("native", *SWEEP_POLICIES), required=True)
+    run.add_argument("--jps", type=float, default=8.0, help="job arrivals per second")
+    run.add_argument("--blocks", type=int, default=5402, help="KV cache blocks of 16 tokens")
+    run.add_argument("--workload", type=Path, help="replay this workload file instead")
+    run.add_argument("--param", action="append", default=[],
+                     help="policy parameter KEY=VALUE for kvtether serve")
+    run.add_argument("--out", type=Path, help="write the result JSON here")
+    run.add_argument("--quick", action="store_true", help=f"{QUICK_DURATION_S:g} s of arrivals")
+    run.add_argument("--quiet", action="store_true")
+    _add_workload_flags(run)
+    _add_model_flags(run)
+
+    sweep = commands.add_parser("sweep", help="policies x jobs/s x KV sizes, plots, summary")
+    sweep.add_argument("--policies", nargs="+", default=list(SWEEP_POLICIES),
+                       choices=("native", *SWEEP_POLICIES))
+    sweep.add_argument("--jps", type=float, nargs="+")
+    sweep.add_argument("--blocks", type=int, nargs="+")
+    sweep.add_argument("--out-dir", type=Path, default=RESULTS)
+    sweep.add_argument("--label", help="results sub-folder (default: the workload's name)")
+    sweep.add_argument("--quick", action="store_true",
+                       help=f"CI scale: {QUICK_DURATION_S:g} s of arrivals, 2 and 8 jps, "
+                            "5402 blocks")
+    sweep.add_argument("--force", action="store_true", help="re-run points already written")
+    sweep.add_argument("--progress", action="store_true")
+    _add_workload_flags(sweep, single=False)
+    _add_model_flags(sweep)
+
+    calibrate = commands.add_parser("calibrate", help="FCFS against the RTX 5090 figures")
+    calibrate.add_argument("--policy", choices=("native", "fcfs"), default="native",
+                           help="native: vLLM's own FCFS; fcfs: through kvtether")
+    calibrate.add_argument("--answer-agreement", type=float,
+                           help=f"default: the fitted {wl.REFERENCE_ANSWER_AGREEMENT}")
+    calibrate.add_argument("--seeds", type=int, nargs="+", default=[0])
+    calibrate.add_argument("--distinct", action="store_true",
+                           help="also run jobs that share nothing (answer_agreement 0)")
+    calibrate.add_argument("--fit", action="store_true",
+                           help="fit answer lengths and agreement (slow; native FCFS only)")
+    calibrate.add_argument("--out-dir", type=Path, default=RESULTS)
+    calibrate.add_argument("--progress", action="store_true")
+    _add_model_flags(calibrate)
+
+    plot = commands.add_parser("plot", help="re-render a sweep's summary and plots")
+    plot.add_argument("label", help="the sweep's results sub-folder, e.g. reference")
+    plot.add_argument("--out-dir", type=Path, default=RESULTS)
+
+    workload = commands.add_parser("workload", help="generate or check a workload file")
+    workload.add_argument("action", choices=("generate", "check"))
+    workload.add_argument("file", type=Path)
+    workload.add_argument("--jps", type=float, default=8.0)
+    _add_workload_flags(workload)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the daemon subprocess is stopped with us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    handler = {"run": cmd_run, "sweep": cmd_sweep, "calibrate": cmd_calibrate,
+               "plot": cmd_plot, "workload": cmd_workload}[args.command]
+    return handler(args)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every result under benchmarks/results/twin/, in order (about 2 h on 2 cores; points
+# already written are skipped, so an interrupted run resumes where it stopped).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+twin() { .venv/bin/python -m benchmarks.twin "$@"; }
+
+# FCFS against the RTX 5090 figures: vLLM's own FCFS, then FCFS through kvtether.
+twin calibrate --seeds 0 1 2 --distinct
+twin calibrate --policy fcfs --seeds 0 1
+
+# The sweeps: fcfs, continuum, contextserve x 1, 2, 4, 8, 12 jobs/s x 5402, 3000, 9000,
+# 13000 blocks; the calibrated workload (a shared script), then jobs that share nothing.
+twin sweep --answer-agreement 0.966
+twin sweep
+# vLLM's own scheduler beside them, and two more seeds where the policies differ.
+twin sweep --answer-agreement 0.966 --policies native --blocks 5402 3000
+twin sweep --policies native --blocks 5402 3000
+for seed in 1 2; do
+  twin sweep --answer-agreement 0.966 --seed "$seed" --jps 2 8 12 --blocks 5402 3000
+  twin sweep --seed "$seed" --jps 1 2 4 --blocks 5402 3000
+done
+# CI scale.
+twin sweep --quick
