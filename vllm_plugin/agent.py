@@ -59,15 +59,17 @@ class Pin:
     tool: str
 
 
+_FINISH_REASONS = {
+    "FINISHED_STOPPED": pb.FINISH_REASON_STOP,
+    "FINISHED_LENGTH_CAPPED": pb.FINISH_REASON_LENGTH,
+    "FINISHED_ABORTED": pb.FINISH_REASON_ABORT,
+    "FINISHED_IGNORED": pb.FINISH_REASON_ABORT,
+    "FINISHED_ERROR": pb.FINISH_REASON_ERROR,
+}
+
+
 def _finish_reason(status: Any) -> pb.FinishReason:
-    name = getattr(status, "name", str(status))
-    return {
-        "FINISHED_STOPPED": pb.FINISH_REASON_STOP,
-        "FINISHED_LENGTH_CAPPED": pb.FINISH_REASON_LENGTH,
-        "FINISHED_ABORTED": pb.FINISH_REASON_ABORT,
-        "FINISHED_IGNORED": pb.FINISH_REASON_ABORT,
-        "FINISHED_ERROR": pb.FINISH_REASON_ERROR,
-    }.get(name, pb.FINISH_REASON_STOP)
+    return _FINISH_REASONS.get(getattr(status, "name", ""), pb.FINISH_REASON_STOP)
 
 
 class EngineAgent:
@@ -103,6 +105,7 @@ class EngineAgent:
         self._reported_this_step = False
         # Installs / removes the pin-aware allocation wrapper (set by the scheduler).
         self.allocation_hook: Callable[[bool], None] | None = None
+        self._allocation_hook_on = False
         # Decision lag: steps between sending a report and applying its answer.
         # lag_counts[k] counts answers applied k steps late (last bucket: >= that).
         self.step_index = 0
@@ -149,6 +152,7 @@ class EngineAgent:
         if not self.link.connected or overdue:
             self.counters.fallback_steps += 1
         self._expire_local_pins()
+        self._set_allocation_hook(self._pins_may_give_way())
 
     def after_schedule(self, output: Any) -> None:
         self._admission_stalled = not getattr(output, "total_num_scheduled_tokens", 1) and bool(
@@ -211,8 +215,6 @@ class EngineAgent:
         blocks = self.sched.kv_cache_manager.pop_blocks_for_free(request)
         del self.sched.requests[request.request_id]
         now_s = self.clock_s()
-        if not self.pins and self.allocation_hook is not None:
-            self.allocation_hook(True)
         self.pins[request.request_id] = Pin(
             request_id=request.request_id,
             job_id=meta.job_id or request.request_id,
@@ -514,11 +516,27 @@ class EngineAgent:
                 self.counters.local_pin_expiries += 1
                 self._release(pin, local=True)
 
+    def _pins_may_give_way(self) -> bool:
+        """Whether a failed allocation this step could release a pin: only then is the
+        (per-call) allocation wrapper worth installing."""
+        if not self.pins:
+            return False
+        if not self.link.connected:
+            return True  # native fallback: any pin gives way
+        return bool(self._pressure_order) and (
+            self._pressure_max_running is None
+            or len(self.sched.running) <= self._pressure_max_running)
+
+    def _set_allocation_hook(self, enabled: bool) -> None:
+        if enabled != self._allocation_hook_on and self.allocation_hook is not None:
+            self.allocation_hook(enabled)
+            self._allocation_hook_on = enabled
+
     def _release(self, pin: Pin, local: bool) -> None:
         if self.pins.pop(pin.request_id, None) is None:
             return
-        if not self.pins and self.allocation_hook is not None:
-            self.allocation_hook(False)
+        if not self.pins:
+            self._set_allocation_hook(False)
         sched = self.sched
         # The request's last step may still be writing these blocks (async
         # scheduling): return them through vLLM's fence, as _free_request_blocks does.

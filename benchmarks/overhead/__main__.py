@@ -88,6 +88,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="timed steps per mode")
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--forward-ms", type=float, default=15.0,
+                        help="simulated forward pass per step (not timed; 0 = none)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="duration of each daemon-throughput point")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -109,7 +111,7 @@ def main() -> int:
     unix_socket = str(scratch / "kvtether.sock")
     daemon = _start_daemon(tcp, unix_socket)
     shape = LoadShape()
-    base_env = {"KVTETHER_PLUGIN_DEADLINE_MS": "5"}
+    base_env: dict[str, str] = {}
     addresses = {"plugin_tcp": tcp, "plugin_unix": f"unix:{unix_socket}",
                  "fallback": f"127.0.0.1:{free_port()}"}
     try:
@@ -134,7 +136,8 @@ def main() -> int:
             return bool(send(report))
 
         link.send = recording_send
-        for index in interleaved(list(engines.values()), args.steps, args.warmup):
+        for index in interleaved(list(engines.values()), args.steps, args.warmup,
+                                 args.forward_ms / 1000):
             if index % 100 == 0:
                 print(f"  step {index}/{args.steps + args.warmup}", file=sys.stderr)
         engine_step = summarize(engines)
@@ -154,7 +157,7 @@ def main() -> int:
         "load": {"running": shape.running, "waiting": shape.waiting,
                  "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "block_size": shape.block_size, "num_blocks": shape.num_blocks,
-                 "policy": "continuum", "deadline_ms": 5},
+                 "policy": "continuum", "forward_ms": args.forward_ms},
         "engine_step": engine_step,
         "daemon_throughput": throughput,
     }
@@ -162,7 +165,8 @@ def main() -> int:
     (args.out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, args.out / "overhead.png")
     native = engine_step["native"]
-    print(f"\nvLLM native: {native['step_ms_p50']:.3f} ms p50, {native['step_ms_p99']:.3f} ms "
+    print(f"\nforward pass simulated: {args.forward_ms:g} ms per step (not timed)")
+    print(f"vLLM native: {native['step_ms_p50']:.3f} ms p50, {native['step_ms_p99']:.3f} ms "
           f"p99 per step (schedule + update_from_output), "
           f"{native['running']} running / {native['waiting']} waiting")
     print(f"{'mode':<12} {'added p50 ms':>12} {'added p99 ms':>12} {'ratio p50':>9} "

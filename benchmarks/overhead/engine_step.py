@@ -115,7 +115,7 @@ class SteadyEngine:
                 request_id, prompt, self.shape.output_tokens, self.shape.block_size,
                 arrival_time=self.clock_s, extra_args=extra))
 
-    def step(self, record: bool) -> None:
+    def step(self, record: bool, forward_s: float = 0.0) -> None:
         from vllm_plugin.inprocess import model_output
 
         self.top_up()
@@ -123,6 +123,10 @@ class SteadyEngine:
         output = self.sched.schedule()
         scheduled = time.perf_counter()
         fake = model_output(self.sched, output)  # the worker's part: not timed
+        if forward_s > 0:
+            # The forward pass: EngineCore waits on the workers (GIL released) while the
+            # link's thread receives the daemon's answer.
+            time.sleep(forward_s)
         resumed = time.perf_counter()
         self.sched.update_from_output(output, fake)
         done = time.perf_counter()
@@ -135,12 +139,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def interleaved(engines: list[SteadyEngine], steps: int, warmup: int) -> Iterator[int]:
+def interleaved(engines: list[SteadyEngine], steps: int, warmup: int,
+                forward_s: float = 0.0) -> Iterator[int]:
     for index in range(warmup + steps):
         # Rotate the order so no mode always runs right after another.
         offset = index % len(engines)
         for engine in engines[offset:] + engines[:offset]:
-            engine.step(record=index >= warmup)
+            engine.step(record=index >= warmup, forward_s=forward_s)
         yield index
 
 
