@@ -119,7 +119,8 @@ class MetricsConfig(_Section):
 
 
 class StoreConfig(_Section):
-    # redis://[user:password@]host:port/db; unset runs on the embedded store.
+    # redis://[user:password@]host:port/db, or redis+cluster://host:port for Redis
+    # Cluster (see sidecar/store/redis_url.py); unset runs on the embedded store.
     redis_url: str | None = None
     timeout_s: float = Field(2.0, gt=0)
     # Per-job history: newest events kept, and how long an idle job's history lives.
@@ -131,8 +132,10 @@ class StoreConfig(_Section):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
+        if value:
+            from sidecar.store.redis_url import parse_redis_url
+
+            parse_redis_url(value)  # ValueError naming the problem, password redacted
         return value or None
 
 

@@ -9,6 +9,7 @@ import redis
 
 from sidecar.store import EmbeddedStore, Store
 from sidecar.store.redis_store import RedisStore
+from tests.support.redis_cluster import clean_redis_cluster, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import provide_redis_url
 
 
@@ -25,13 +26,14 @@ def clean_redis(redis_url: str) -> str:
     return redis_url
 
 
-@pytest.fixture(params=["embedded", "redis"])
+@pytest.fixture(params=["embedded", "redis", "redis-cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """The store under test, once per backend: both must behave the same."""
+    """The store under test, once per backend: all must behave the same."""
     if request.param == "embedded":
         yield EmbeddedStore()
         return
-    url = request.getfixturevalue("clean_redis")
+    url = request.getfixturevalue(
+        "clean_redis_cluster" if request.param == "redis-cluster" else "clean_redis")
     backend = await RedisStore.connect(url)
     try:
         yield backend

@@ -8,6 +8,7 @@ from sidecar.store.embedded import EmbeddedStore
 
 async def open_store(redis_url: str | None, timeout_s: float = 2.0) -> Store:
     """The Redis backend when a URL is given (connected and pinged), else embedded.
+    A ``redis+cluster://`` URL selects Redis Cluster (``sidecar.store.redis_url``).
 
     Raises StoreError naming the URL when Redis does not answer: a daemon configured
     for Redis must not silently run on a private store.
