@@ -18,6 +18,7 @@ Called from the daemon's event loop only.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,6 +47,12 @@ def target_of(target: pb.RetentionTarget) -> str:
     if not value:
         raise DirectiveError(f"target.{kind}", "must not be empty")
     return f"{kind.removesuffix('_id')}:{value}"
+
+
+# Background directive refreshes in flight at once, and how often a failing refresh is
+# logged (the count of failures since the last line comes with it).
+MAX_FETCHES_IN_FLIGHT = 8
+FAILURE_LOG_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,11 @@ class RetentionDirectory:
         self._clock_s = clock_s
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._fetching: dict[str, asyncio.Task[None]] = {}
+        # Background refreshes share the store's connection pool with everything else:
+        # a few at a time, so a burst (every live job at once) queues here instead.
+        self._fetch_slots: asyncio.Semaphore | None = None
+        self._failures_logged_at_s = -math.inf
+        self._failures_since_log = 0
         # Moves on whenever any entry's directive changes.
         self.generation = 0
 
@@ -138,15 +150,25 @@ class RetentionDirectory:
         task.add_done_callback(lambda _done: self._fetching.pop(job_id, None))
 
     async def _fetch(self, targets: list[tuple[str, int]]) -> None:
-        for target, version in targets:
-            await self._fetch_one(target, version)
+        if self._fetch_slots is None:
+            self._fetch_slots = asyncio.Semaphore(MAX_FETCHES_IN_FLIGHT)
+        async with self._fetch_slots:
+            for target, version in targets:
+                await self._fetch_one(target, version)
 
     async def _fetch_one(self, target: str, version: int) -> None:
         try:
             raw = await self._store.get(keys.retention_directive(target))
             directive = StoredDirective.decode(raw) if raw is not None else None
         except (StoreError, ValueError, KeyError) as error:
-            log.warning("retention_fetch_failed", target=target, error=str(error))
+            # One line per interval at most: a store outage must not flood the log.
+            self._failures_since_log += 1
+            now_s = self._clock_s()
+            if now_s - self._failures_logged_at_s >= FAILURE_LOG_INTERVAL_S:
+                log.warning("retention_fetch_failed", target=target, error=str(error),
+                            failures=self._failures_since_log)
+                self._failures_logged_at_s = now_s
+                self._failures_since_log = 0
             directive, failed = None, True
         else:
             failed = False

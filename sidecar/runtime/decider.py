@@ -45,7 +45,8 @@ class EngineDecisionState:
 class DecisionLog:
     """The last decision per request (for Explain) and a fan-out to live watchers."""
 
-    def __init__(self, max_requests: int = 50_000) -> None:
+    # Each record is a small protobuf (~1.8 KB with its inputs): 10,000 is ~18 MiB.
+    def __init__(self, max_requests: int = 10_000) -> None:
         self._by_request: OrderedDict[str, inspect_pb2.DecisionRecord] = OrderedDict()
         self._max_requests = max_requests
         self.watchers: set[object] = set()

@@ -60,6 +60,11 @@ class EmbeddedStore:
         deadline = self._now_s() + ttl_ms / 1000.0
         self._deadline_s[key] = deadline
         heapq.heappush(self._deadline_heap, (deadline, key))
+        # Refreshing a key's expiry leaves its old heap entry behind; rebuild the heap
+        # from the live deadlines when stale entries outnumber them.
+        if len(self._deadline_heap) > 2 * len(self._deadline_s) + 64:
+            self._deadline_heap = [(d, k) for k, d in self._deadline_s.items()]
+            heapq.heapify(self._deadline_heap)
 
     def _collect(self) -> None:
         now = self._now_s()
