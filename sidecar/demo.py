@@ -49,7 +49,7 @@ class Daemon:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "sidecar.cli", "serve", "--policy", policy,
              "--listen", self.address, "--metrics-port", str(self.metrics_port),
-             "--log-level", "warning", "--grace-s", "1"])
+             "--log-level", "error", "--grace-s", "1"])
         deadline = time.monotonic() + 30
         with grpc.insecure_channel(self.address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
