@@ -26,7 +26,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ["ls", "grep", "cat", "pytest", "sed", "git diff", "pytest"]
 
 
@@ -69,18 +68,12 @@ class Daemon:
         self.process = None
 
 
-def _tiny_model() -> Path:
-    target = ROOT / ".cache" / "tiny-llama"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target)],
-                   check=True, capture_output=True)
-    return target
-
 
 @contextlib.contextmanager
 def _engine(daemon: Daemon, port: int, log: Path) -> Iterator[str]:
-    from vllm_plugin.launch import EngineSpec, start_engine, wait_healthy
+    from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
-    spec = EngineSpec(model_dir=_tiny_model(), port=port, daemon_address=daemon.address,
+    spec = EngineSpec(model_dir=tiny_model_dir(), port=port, daemon_address=daemon.address,
                       num_blocks=32, engine_id="demo-engine", deadline_ms=20)
     process = start_engine(spec, log)
     base_url = f"http://127.0.0.1:{port}"

@@ -20,6 +20,18 @@ from pathlib import Path
 
 from vllm_plugin import SCHEDULER_CLS
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_model_dir() -> Path:
+    """The tiny Llama model (config + locally trained tokenizer, no weights), made once
+    by ``scripts/make_tiny_model.py`` (a no-op when it exists) and reused; the place is
+    ``KVTETHER_TINY_MODEL_DIR`` or ``.cache/tiny-llama`` in the repository."""
+    target = Path(os.environ.get("KVTETHER_TINY_MODEL_DIR", REPO_ROOT / ".cache" / "tiny-llama"))
+    subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_tiny_model.py"),
+                    str(target)], check=True, capture_output=True, text=True, timeout=300)
+    return target
+
 
 @dataclass
 class EngineSpec:

@@ -180,12 +180,10 @@ def main() -> int:
     from benchmarks.twin.workload import generate
     from tests.support.daemon import DaemonController
     from tests.support.redis_server import free_port
-    from vllm_plugin.launch import EngineSpec, start_engine, wait_healthy
+    from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
     workload = generate(args.workload, args.jobs_per_s, seed=args.seed, num_jobs=args.jobs)
-    model_dir = ROOT / ".cache" / "tiny-llama"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"),
-                    str(model_dir)], check=True, capture_output=True)
+    model_dir = tiny_model_dir()
     daemon = DaemonController()
     policies = args.policies.split(",")
     daemon.start(policies[0])

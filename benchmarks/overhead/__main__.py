@@ -24,12 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "overhead"
 
 
-def _tiny_model() -> Path:
-    target = ROOT / ".cache" / "tiny-llama"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target)],
-                   check=True, capture_output=True)
-    return target
-
 
 def _start_daemon(tcp: str, unix_socket: str) -> subprocess.Popen[bytes]:
     from tests.support.daemon import serve_command, wait_serving
@@ -104,8 +98,9 @@ def main() -> int:
         summarize,
     )
     from tests.support.redis_server import free_port
+    from vllm_plugin.launch import tiny_model_dir
 
-    model_dir = _tiny_model()
+    model_dir = tiny_model_dir()
     scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))
     tcp = f"127.0.0.1:{free_port()}"
     unix_socket = str(scratch / "kvtether.sock")

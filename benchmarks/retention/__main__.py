@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,12 +21,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "retention"
 
-
-def _tiny_model() -> Path:
-    target = ROOT / ".cache" / "tiny-llama"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(target)],
-                   check=True, capture_output=True)
-    return target
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -62,8 +55,9 @@ def main() -> int:
     from benchmarks.retention.flood import benchmark
     from benchmarks.retention.pool_overhead import measure
     from tests.support.daemon import running_daemon
+    from vllm_plugin.launch import tiny_model_dir
 
-    model_dir = _tiny_model()
+    model_dir = tiny_model_dir()
     # Deterministic: each step applies the answer to its own report (fail-closed waits for
     # it), as the in-process tests do; in production the answer lands one step later.
     os.environ["KVTETHER_PLUGIN_FAIL_MODE"] = "closed"
