@@ -102,6 +102,12 @@ class ToolTimeDistribution:
     # read several quantiles per decision, each then costs O(log buckets).
     _indices: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _cumulative: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # The survival function S(t) = P(duration > t) as a polyline (each bucket's mass
+    # spread evenly over it), and its running integral at each corner: conditional
+    # questions ("it has run 3 s; will it be back within 2 s?") then cost O(log).
+    _corners_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _survival: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _integral_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         indices = tuple(sorted(self.bucket_counts))
@@ -112,6 +118,26 @@ class ToolTimeDistribution:
             cumulative.append(seen)
         object.__setattr__(self, "_indices", indices)
         object.__setattr__(self, "_cumulative", tuple(cumulative))
+        corners, survival = [0.0], [1.0]
+        total = seen
+        below = 0
+        for index, count in zip(indices, (self.bucket_counts[i] for i in indices), strict=True):
+            lower_s, upper_s = self.gamma ** (index - 1), self.gamma**index
+            if total <= 0:
+                break
+            if lower_s > corners[-1]:
+                corners.append(lower_s)
+                survival.append(survival[-1])
+            below += count
+            corners.append(upper_s)
+            survival.append(max(1.0 - below / total, 0.0))
+        integral = [0.0]
+        for k in range(1, len(corners)):
+            width = corners[k] - corners[k - 1]
+            integral.append(integral[-1] + width * (survival[k] + survival[k - 1]) / 2.0)
+        object.__setattr__(self, "_corners_s", tuple(corners))
+        object.__setattr__(self, "_survival", tuple(survival))
+        object.__setattr__(self, "_integral_s", tuple(integral))
 
     @property
     def mean_s(self) -> float:
@@ -130,6 +156,77 @@ class ToolTimeDistribution:
         position = bisect.bisect_right(self._indices, limit)
         below = self._cumulative[position - 1] if position else 0
         return min(below / self.count, 1.0)
+
+    def survival(self, t_s: float) -> float:
+        """P(duration > t_s) with each bucket's mass spread evenly over the bucket;
+        NaN with no samples."""
+        if self.count == 0:
+            return math.nan
+        return self._survival_and_integral(t_s)[0]
+
+    def probability_within_given(self, elapsed_s: float, tau_s: float) -> float:
+        """P(duration <= elapsed_s + tau_s | duration > elapsed_s): the chance that a
+        tool which has already run ``elapsed_s`` is back within ``tau_s`` more. A tool
+        that has run longer than any sample is given 0 (no evidence it ever returns).
+        NaN with no samples."""
+        if self.count == 0:
+            return math.nan
+        alive, _ = self._survival_and_integral(elapsed_s)
+        if alive <= 0.0:
+            return 0.0
+        later, _ = self._survival_and_integral(elapsed_s + max(tau_s, 0.0))
+        return min(max(1.0 - later / alive, 0.0), 1.0)
+
+    def expected_remaining_s(self, elapsed_s: float, horizon_s: float) -> float:
+        """E[min(duration - elapsed_s, horizon_s) | duration > elapsed_s]: how long a
+        pin kept for at most ``horizon_s`` more is expected to be held. ``horizon_s``
+        for a tool that has run longer than any sample; NaN with no samples."""
+        if self.count == 0:
+            return math.nan
+        horizon_s = max(horizon_s, 0.0)
+        alive, start = self._survival_and_integral(elapsed_s)
+        if alive <= 0.0:
+            return horizon_s
+        _, end = self._survival_and_integral(elapsed_s + horizon_s)
+        return min(max((end - start) / alive, 0.0), horizon_s)
+
+    def conditional_outlook(
+        self, elapsed_s: float, horizons_s: Sequence[float]
+    ) -> tuple[tuple[float, float], ...]:
+        """For each horizon h: (P(back within h | has run elapsed_s), expected seconds
+        held within h) — ``probability_within_given`` and ``expected_remaining_s`` for
+        several horizons at once (a policy re-values every pin each step). Empty with
+        no samples."""
+        if self.count == 0:
+            return ()
+        alive, start = self._survival_and_integral(elapsed_s)
+        if alive <= 0.0:
+            return tuple((0.0, max(h, 0.0)) for h in horizons_s)
+        outlook: list[tuple[float, float]] = []
+        for horizon_s in horizons_s:
+            horizon_s = max(horizon_s, 0.0)
+            later, end = self._survival_and_integral(elapsed_s + horizon_s)
+            outlook.append((min(max(1.0 - later / alive, 0.0), 1.0),
+                            min(max((end - start) / alive, 0.0), horizon_s)))
+            if later <= 0.0:  # past every sample: longer horizons change nothing
+                outlook.extend([outlook[-1]] * (len(horizons_s) - len(outlook)))
+                break
+        return tuple(outlook)
+
+    def _survival_and_integral(self, t_s: float) -> tuple[float, float]:
+        """S(t_s) and the integral of S over [0, t_s], on the polyline."""
+        corners = self._corners_s
+        if t_s <= 0.0:
+            return 1.0, 0.0
+        position = bisect.bisect_right(corners, t_s)
+        if position >= len(corners):  # past the last sample: S is 0 from there on
+            return self._survival[-1], self._integral_s[-1]
+        left = position - 1
+        x0, x1 = corners[left], corners[position]
+        s0, s1 = self._survival[left], self._survival[position]
+        fraction = (t_s - x0) / (x1 - x0) if x1 > x0 else 0.0
+        s_t = s0 + (s1 - s0) * fraction
+        return s_t, self._integral_s[left] + (t_s - x0) * (s0 + s_t) / 2.0
 
     def quantile(self, q: float) -> float:
         """Smallest bucket value v with P(duration <= v) >= q; NaN with no samples."""
@@ -153,6 +250,11 @@ class StepView:
     running: Sequence[RequestView]
     pins: Sequence[PinView]
     jobs: Mapping[str, JobView]
+    # Measured durations of the tools the pins wait on (by tool name; a tool with no
+    # sample is absent), and of all tools pooled: policies that re-value pins while
+    # the tool runs read these.
+    tool_times: Mapping[str, ToolTimeDistribution] = field(default_factory=dict)
+    global_tool_times: ToolTimeDistribution | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +329,6 @@ class PinRelease:
 
     request_ids: Sequence[str]
     reason: str = ""
+    # Released pins whose blocks should stay cached at a retention priority (0-100,
+    # higher evicted later; vLLM's own blocks sit at 35) instead of vLLM's plain free.
+    retention_priorities: Mapping[str, int] = field(default_factory=dict)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from sidecar.framework.protocols import Policy
+from sidecar.policies.adaptive.policy import AdaptiveParams, AdaptivePolicy
 from sidecar.policies.base import PolicyParams
 from sidecar.policies.contextserve.policy import ContextServeParams, ContextServePolicy
 from sidecar.policies.continuum.policy import ContinuumParams, ContinuumPolicy
@@ -49,6 +50,13 @@ _SPECS = (
         ContextServeParams,
         ContextServePolicy,
         "ContextServe: FAST pin / SLOW release / UNCERTAIN Bayesian TTL",
+    ),
+    PolicySpec(
+        "adaptive",
+        AdaptiveParams,
+        AdaptivePolicy,
+        "pins and admissions valued every step (tool time given elapsed, memory "
+        "pressure, recompute cost); bounded waiting",
     ),
 )
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}

@@ -108,12 +108,18 @@ class Decider:
                 if pin is None:
                     continue  # already released: harmless by contract
                 released = True
-                decision.pins.add(request_id=request_id, action=pb.PIN_ACTION_RELEASE)
-                self._record(mirror, seq, request_id, pin.job_id, kind, release.reason,
-                             {"blocks": pin.blocks, "expires_at_s": pin.expires_at_s,
-                              "free_blocks": step.kv.free_blocks, "running": len(step.running),
-                              "waiting": len(step.waiting),
-                              "admission_stalled": step.kv.admission_stalled})
+                item = decision.pins.add(request_id=request_id, action=pb.PIN_ACTION_RELEASE)
+                inputs: dict[str, object] = {
+                    "blocks": pin.blocks, "expires_at_s": pin.expires_at_s,
+                    "free_blocks": step.kv.free_blocks, "running": len(step.running),
+                    "waiting": len(step.waiting),
+                    "admission_stalled": step.kv.admission_stalled}
+                priority = release.retention_priorities.get(request_id)
+                if priority is not None:
+                    _check_priority(priority, hook.__name__)
+                    item.retention_priority = priority
+                    inputs["retention_priority"] = priority
+                self._record(mirror, seq, request_id, pin.job_id, kind, release.reason, inputs)
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
         self._decide_priorities(mirror, step, state, decision)
@@ -135,6 +141,13 @@ class Decider:
         jobs = self.recorder.tracker.views(itertools.chain(
             (r.job_id for r in waiting), (r.job_id for r in running),
             (pin.job_id for pin in pins)))
+        # Distributions are cached by the estimator: a lookup per distinct pinned tool.
+        estimator = self.recorder.estimator
+        tool_times = {}
+        for tool in {pin.tool for pin in pins if pin.tool}:
+            distribution = estimator.distribution(tool)
+            if distribution is not None:
+                tool_times[tool] = distribution
         return StepView(
             engine_id=mirror.engine_id,
             now_s=mirror.now_s,
@@ -143,6 +156,8 @@ class Decider:
             running=running,
             pins=pins,
             jobs=jobs,
+            tool_times=tool_times,
+            global_tool_times=estimator.global_distribution(),
         )
 
     def _decide_finish(
@@ -209,6 +224,7 @@ class Decider:
                                     action=pb.PIN_ACTION_RELEASE)
         kind = "release"
         if retain.action is RetainAction.SOFT_RETAIN and retain.retention_priority is not None:
+            _check_priority(retain.retention_priority, "on_finish")
             release.retention_priority = retain.retention_priority
             if retain.ttl_s > 0:
                 release.retention_duration_s = retain.ttl_s
@@ -304,6 +320,12 @@ class Decider:
 
 class PolicyContractError(RuntimeError):
     """A policy returned an order that is not a permutation of its input."""
+
+
+def _check_priority(priority: int, hook: str) -> None:
+    if not 0 <= priority <= 100:
+        raise PolicyContractError(f"{hook} returned retention priority {priority}; "
+                                  "priorities are 0-100")
 
 
 def _checked(ordering: Ordering, expected: KeysView[str], hook: str) -> list[str]:

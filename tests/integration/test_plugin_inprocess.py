@@ -122,6 +122,12 @@ def fcfs() -> Iterator[DaemonProcess]:
         yield daemon
 
 
+@pytest.fixture(scope="module")
+def adaptive() -> Iterator[DaemonProcess]:
+    with running_daemon("--policy", "adaptive") as daemon:
+        yield daemon
+
+
 def context(turn: int, length: int = 6 * BLOCK) -> list[int]:
     """A conversation's prompt at a turn: the previous turns' tokens plus new ones."""
     return [100 + (i % 1500) for i in range(length * turn)]
@@ -202,6 +208,38 @@ def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> No
                    last=True, max_tokens=24)
     engine.drain()
     assert engine.preemptions > 0, "the load should exceed the KV cache"
+    assert not engine.agent.pins
+    assert engine.free() == engine.start_free
+
+
+def test_adaptive_pins_while_memory_is_idle(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(adaptive)
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    assert "t1" in engine.agent.pins and engine.agent.pins["t1"].confirmed
+    engine.add("t2", context(2), job="agent", last=True)
+    engine.drain()
+    assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(adaptive, num_blocks=48)
+    retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
+    for job in range(12):
+        engine.add(f"j{job}-t1", [job * 50 + i for i in range(5 * BLOCK)], job=f"j{job}",
+                   last=False, max_tokens=24)
+    engine.drain()
+    # Twelve jobs' turn 1 do not fit at once: with others waiting, a cold-start pin
+    # (P=0.5 within 2 s) does not repay its memory, so contexts were released but kept
+    # cached at a retention priority instead of pinned.
+    assert retention.num_retained_entries > 0
+    pinned = sum(len(pin.blocks) for pin in engine.agent.pins.values())
+    assert pinned < 12 * 5, "not every context was hard-pinned"
+    for job in range(12):
+        engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
+                   last=True, max_tokens=24)
+    engine.drain()
     assert not engine.agent.pins
     assert engine.free() == engine.start_free
 

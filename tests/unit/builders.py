@@ -49,6 +49,8 @@ class StepBuilder:
     _running: list[RequestView] = field(default_factory=list)
     _pins: list[PinView] = field(default_factory=list)
     _jobs: dict[str, JobView] = field(default_factory=dict)
+    _samples: dict[str, list[float]] = field(default_factory=dict)
+    _stalled: bool = False
 
     def _request(
         self,
@@ -116,15 +118,32 @@ class StepBuilder:
         self._jobs[job_id] = JobView(job_id, first_arrival, turns_finished=turns)
         return self
 
+    def times(self, tool: str, samples_s: Iterable[float]) -> StepBuilder:
+        """Measured durations of ``tool`` (the step's ``tool_times``; every tool's
+        samples pooled are its ``global_tool_times``)."""
+        self._samples.setdefault(tool, []).extend(samples_s)
+        return self
+
+    def stalled(self) -> StepBuilder:
+        """The engine's last step admitted nothing although requests waited."""
+        self._stalled = True
+        return self
+
     def build(self) -> StepView:
+        tool_times = {tool: d for tool, samples in self._samples.items()
+                      if (d := distribution(tool, samples)) is not None}
+        pooled = [sample for samples in self._samples.values() for sample in samples]
         return StepView(
             engine_id="engine-0",
             now_s=self.now,
-            kv=KvView(self.total_blocks, self.free_blocks, self.block_size_tokens),
+            kv=KvView(self.total_blocks, self.free_blocks, self.block_size_tokens,
+                      admission_stalled=self._stalled),
             waiting=tuple(self._waiting),
             running=tuple(self._running),
             pins=tuple(self._pins),
             jobs=dict(self._jobs),
+            tool_times=tool_times,
+            global_tool_times=distribution("*", pooled) if pooled else None,
         )
 
     def finish(

@@ -15,10 +15,10 @@ from sidecar.policies.registry import (
 
 
 def test_registered_policies() -> None:
-    assert available_policies() == ("fcfs", "continuum", "contextserve")
+    assert available_policies() == ("fcfs", "continuum", "contextserve", "adaptive")
 
 
-@pytest.mark.parametrize("name", ["fcfs", "continuum", "contextserve"])
+@pytest.mark.parametrize("name", ["fcfs", "continuum", "contextserve", "adaptive"])
 def test_every_policy_builds_with_defaults_and_implements_every_hook(name: str) -> None:
     policy = build_policy(name, {})
     assert isinstance(policy, Policy)

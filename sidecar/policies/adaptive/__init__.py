@@ -1,0 +1,3 @@
+from sidecar.policies.adaptive.policy import AdaptiveParams, AdaptivePolicy
+
+__all__ = ["AdaptiveParams", "AdaptivePolicy"]

@@ -1,0 +1,416 @@
+"""``adaptive``: every step, each pin and each admission valued by expected cost and
+benefit — the tool's measured time given how long it has run, the current memory
+pressure, the recompute cost of the context — with job-level admission and a bound on
+how long any request waits.
+
+See README.md beside this file for the rules, the formulas and the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import ClassVar
+
+from pydantic import Field, field_validator, model_validator
+
+from sidecar.framework.types import (
+    FinishInput,
+    Ordering,
+    PinRelease,
+    PinView,
+    PressureOrder,
+    RequestView,
+    RetainAction,
+    RetainDecision,
+    StepView,
+    ToolTimeDistribution,
+)
+from sidecar.policies.adaptive.value import (
+    Outlook,
+    PinValue,
+    Pressure,
+    Valuation,
+    memory_pressure,
+    outlook_of,
+    pick_distribution,
+    pin_value,
+    recompute_s,
+    retention_priority,
+)
+from sidecar.policies.base import (
+    NativePolicy,
+    PolicyParams,
+    blocks_to_admit,
+    job_first_arrivals,
+    pinned_blocks_by_job,
+    superseded_pins,
+)
+
+
+class AdaptiveParams(PolicyParams):
+    # Seconds to prefill one context token: what losing a context costs. Default:
+    # Llama-3.1-8B on one RTX 5090-class GPU (~9-10k prompt tokens/s).
+    prefill_s_per_token: float = Field(default=1e-4, ge=0.0)
+    # Engine seconds that holding the whole KV cache for one second costs when the
+    # waiting requests find no free block at all (scaled down with the shortage).
+    memory_price: float = Field(default=1.0, ge=0.0)
+    # How far ahead a pin is planned: candidate horizons, the longest is the most a
+    # pin is ever kept past its tool's start (the engine also caps it, max_pin_s).
+    horizons_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    # Below this many samples of the tool, the distribution of all tools is used.
+    min_samples: int = Field(default=5, ge=1)
+    # With no sample at all: P(back within cold_start_horizon_s).
+    cold_start_probability: float = Field(default=0.5, ge=0.0, le=1.0)
+    cold_start_horizon_s: float = Field(default=2.0, ge=0.0)
+    # Bound on waiting: a request waiting more than this multiple of its fair share
+    # (see AdaptivePolicy.fair_share_s; at least min_fair_share_s) is admitted before
+    # any other, oldest first, and pins give way for it.
+    fair_share_multiple: float = Field(default=2.0, gt=0.0)
+    min_fair_share_s: float = Field(default=1.0, gt=0.0)
+    # Engine time of one step: ~11 ms for an 8B model on one GPU.
+    step_s: float = Field(default=0.011, gt=0.0)
+    # Retention priorities of released (non-last-step) contexts: from lowest (the
+    # job is unlikely back soon) to highest; vLLM's own free blocks sit at 35.
+    soft_retain_lowest: int = Field(default=36, ge=0, le=100)
+    soft_retain_highest: int = Field(default=90, ge=0, le=100)
+
+    @field_validator("horizons_s")
+    @classmethod
+    def _horizons_positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value:
+            raise ValueError("at least one horizon is needed")
+        for horizon_s in value:
+            if not horizon_s > 0.0:
+                raise ValueError(f"horizons must be > 0 s, got {horizon_s!r}")
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _priorities_ordered(self) -> AdaptiveParams:
+        if self.soft_retain_lowest > self.soft_retain_highest:
+            raise ValueError(
+                f"soft_retain_lowest {self.soft_retain_lowest} > soft_retain_highest "
+                f"{self.soft_retain_highest}"
+            )
+        return self
+
+
+class _StepMemo:
+    """What several hooks of one step compute alike: the decider calls them in turn
+    with the same frozen step, so each is computed once per step (a re-valued pin
+    set after releases is a new step object, and a new memo)."""
+
+    __slots__ = ("order", "outlooks", "pressure", "step", "values")
+
+    def __init__(self, step: StepView) -> None:
+        self.step = step
+        self.pressure: Pressure | None = None
+        self.order: tuple[list[RequestView], int] | None = None
+        self.values: dict[tuple[str, float], PinValue] = {}
+        # Per pin: its tool's conditional outlook and where the distribution came from.
+        self.outlooks: dict[str, tuple[Outlook, str]] = {}
+
+
+class AdaptivePolicy(NativePolicy):
+    name = "adaptive"
+    pins_finished_requests = True
+    params_model: ClassVar[type[PolicyParams]] = AdaptiveParams
+    params: AdaptiveParams
+
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        if not isinstance(self.params, AdaptiveParams):
+            raise TypeError(f"{self.name} needs AdaptiveParams, got {type(self.params)!r}")
+        p = self.params
+        self._valuation = Valuation(p.prefill_s_per_token, p.horizons_s, p.min_samples,
+                                    p.cold_start_probability, p.cold_start_horizon_s)
+        self._local = threading.local()
+
+    def _memo(self, step: StepView) -> _StepMemo:
+        memo: _StepMemo | None = getattr(self._local, "memo", None)
+        if memo is None or memo.step is not step:
+            memo = _StepMemo(step)
+            self._local.memo = memo
+        return memo
+
+    def _pressure(self, step: StepView) -> Pressure:
+        memo = self._memo(step)
+        if memo.pressure is None:
+            memo.pressure = memory_pressure(step, self.params.memory_price)
+        return memo.pressure
+
+    # --- admission: overdue requests first, then job-level order --------------------
+
+    def order_waiting(self, step: StepView) -> Ordering:
+        ordered, overdue = self._admission_order(step)
+        reason = "adaptive: jobs holding a pin first, then earliest job first arrival"
+        if overdue:
+            reason = (f"adaptive: {overdue} request(s) past {self.params.fair_share_multiple:g}x "
+                      f"fair share first, oldest first; then {reason[10:]}")
+        return Ordering(tuple(r.request_id for r in ordered), reason)
+
+    def fair_share_s(self, step: StepView, request: RequestView, jobs_in_system: int,
+                     total_wait_s: float) -> float:
+        """A request's fair share of waiting: the larger of
+
+        - one step per job in the system (waiting, running or pinned): the wait of a
+          round-robin that gives every job a step in turn, which grows with the load;
+        - the mean wait of the *other* requests waiting now: the wait an FCFS queue
+          spreads over every request, which grows with the backlog when the engine is
+          overloaded (the request's own wait is left out, or a request could never
+          outgrow a bound it raises itself: a lone waiting request never would).
+
+        Bounding waits by a multiple of the first alone admits new jobs faster than
+        memory allows once the engine is overloaded: their KV evicts the working sets
+        of the jobs in flight and the engine thrashes like FCFS (measured in the twin:
+        843 s average at 8 jobs/s against continuum's 221 s). Together they bound the
+        tail at saturation and follow the backlog beyond it."""
+        round_robin_s = jobs_in_system * self.params.step_s
+        others = len(step.waiting) - 1
+        own_wait_s = step.now_s - request.arrival_s
+        backlog_s = (total_wait_s - own_wait_s) / others if others > 0 else 0.0
+        return max(round_robin_s, backlog_s, self.params.min_fair_share_s)
+
+    def _admission_order(self, step: StepView) -> tuple[list[RequestView], int]:
+        memo = self._memo(step)
+        if memo.order is None:
+            memo.order = self._compute_admission_order(step)
+        return memo.order
+
+    def _compute_admission_order(self, step: StepView) -> tuple[list[RequestView], int]:
+        first = job_first_arrivals(step, step.waiting)
+        pinned = pinned_blocks_by_job(step.pins)
+        jobs_in_system = len({r.job_id for r in (*step.waiting, *step.running)} | set(pinned))
+        total_wait_s = sum(step.now_s - r.arrival_s for r in step.waiting)
+        multiple = self.params.fair_share_multiple
+        overdue = {
+            r.request_id for r in step.waiting
+            if step.now_s - r.arrival_s
+            > multiple * self.fair_share_s(step, r, jobs_in_system, total_wait_s)}
+
+        def key(request: RequestView) -> tuple[int, float, bool, float, float, str]:
+            if request.request_id in overdue:
+                return (0, request.arrival_s, False, 0.0, request.arrival_s, request.request_id)
+            return (1, 0.0, request.job_id not in pinned, first[request.job_id],
+                    request.arrival_s, request.request_id)
+
+        return sorted(step.waiting, key=key), len(overdue)
+
+    # --- preemption: the newest non-last-step job first (its context is smallest) ----
+
+    def order_victims(self, step: StepView) -> Ordering:
+        first = job_first_arrivals(step, step.running)
+
+        def key(request: RequestView) -> tuple[bool, float, float, str]:
+            return (not request.is_last_step, first[request.job_id], request.arrival_s,
+                    request.request_id)
+
+        ordered = sorted(step.running, key=key, reverse=True)
+        return Ordering(tuple(r.request_id for r in ordered),
+                        "adaptive: newest non-last-step job preempted first, then newest job")
+
+    # --- finish: pin, soft-retain or release by value -------------------------------
+
+    def on_finish(self, finished: FinishInput) -> RetainDecision:
+        superseded = superseded_pins(finished)
+        request = finished.request
+        if request.is_last_step:
+            return RetainDecision.release(f"{self.name}: last step of the job",
+                                          release_pins=superseded)
+        step = finished.step
+        pressure = self._pressure(step)
+        distribution, source = pick_distribution(
+            finished.tool, finished.tool_times, finished.global_tool_times,
+            self.params.min_samples)
+        value = pin_value(
+            self._valuation,
+            outlook_of(self._valuation, distribution, 0.0),
+            context_tokens=request.prompt_tokens + finished.output_tokens,
+            blocks=finished.blocks,
+            total_blocks=step.kv.total_blocks,
+            price=pressure.price,
+            source=source,
+        )
+        if value.value_s > 0.0 and value.horizon_s > 0.0:
+            return RetainDecision.pin(
+                value.horizon_s,
+                f"{self.name}: pin {value.horizon_s:g} s worth {value.value_s:.3g} s at "
+                f"memory price {pressure.price:.2f} ({value.source})",
+                release_pins=superseded)
+        priority = self._soft_priority(value.p_return)
+        return RetainDecision(
+            RetainAction.SOFT_RETAIN,
+            retention_priority=priority,
+            reason=f"{self.name}: no pin repays its memory at price {pressure.price:.2f} "
+                   f"(P(back within {self.params.horizons_s[-1]:g} s)={value.p_return:.2f}, "
+                   f"{value.source}): cached at priority {priority}",
+            release_pins=superseded)
+
+    # --- every step: re-value each pin -------------------------------------------------
+
+    def release_under_pressure(self, step: StepView) -> PinRelease:
+        """Release every pin no longer worth its memory (its tool has run long, or
+        memory got short; a pin whose job's next request already waits is about to be
+        used and is not re-valued). Then, when the first request to admit cannot fit —
+        vLLM stops admitting there — release pins of younger jobs until it fits (any
+        pin when it is overdue or the engine has nothing to do)."""
+        if not step.pins:
+            return PinRelease((), "")
+        pressure = self._pressure(step)
+        waiting_jobs = {r.job_id for r in step.waiting}
+        pin_by_id = {pin.request_id: pin for pin in step.pins}
+        if pressure.price > 0.0:
+            released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
+                        and self._value(step, pin, pressure.price).value_s <= 0.0]
+        else:  # memory idle: a pin costs nothing unless its job is not coming back
+            released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
+                        and self._p_return(step, pin) <= 0.0]
+        reason = f"adaptive: not worth its memory at price {pressure.price:.2f}"
+
+        head = self._blocked_head(step)
+        if head is not None:
+            head_job, shortfall, forced = head
+            first = self._job_first_arrival(step)
+            head_first_s = first(head_job, step.now_s)
+            freed = sum(p.blocks for p in step.pins if p.request_id in set(released))
+            # Pins of younger jobs give way to an older job's turn (job-level
+            # admission: the working sets of the jobs in flight longest come first);
+            # any pin gives way to an overdue request or to an engine with nothing to do.
+            # Pins whose job is in a tool go before those whose next turn waits (behind
+            # the head, so not about to be used), least valuable per block first.
+            candidates = sorted(
+                (p for p in step.pins
+                 if p.request_id not in released and p.job_id != head_job
+                 and (forced or first(p.job_id, p.pinned_at_s) > head_first_s)),
+                key=lambda p: (p.job_id in waiting_jobs,
+                               self._value(step, p, pressure.price).value_s / max(p.blocks, 1),
+                               p.request_id))
+            for pin in candidates:
+                if freed >= shortfall:
+                    break
+                released.append(pin.request_id)
+                freed += pin.blocks
+            reason += (f"; the first request to admit is {shortfall} blocks short: "
+                       "pins of younger jobs give way, least valuable first")
+        if not released:
+            return PinRelease((), "")
+        priorities = {rid: self._soft_priority(self._p_return(step, pin_by_id[rid]))
+                      for rid in released}
+        return PinRelease(tuple(released), reason, priorities)
+
+    def _blocked_head(self, step: StepView) -> tuple[str, int, bool] | None:
+        """(job, blocks short, forced) of the first request to admit when it cannot
+        fit: vLLM admits in order and stops at the first request that does not fit, so
+        it blocks every request behind it. ``forced``: it is past its fair share, or
+        nothing runs and the engine could admit nothing (it would idle)."""
+        if not step.waiting:
+            return None
+        ordered, overdue = self._admission_order(step)
+        head = ordered[0]
+        pinned = pinned_blocks_by_job(step.pins)
+        need = blocks_to_admit(head, step.kv.block_size_tokens, pinned.get(head.job_id, 0))
+        shortfall = need - step.kv.free_blocks
+        idle = not step.running and step.kv.admission_stalled
+        if idle:
+            shortfall = max(shortfall, 1)
+        if shortfall <= 0:
+            return None
+        return head.job_id, shortfall, bool(overdue) or idle
+
+    @staticmethod
+    def _job_first_arrival(step: StepView) -> Callable[[str, float], float]:
+        """Job-level FCFS key of any job (the tracker's first arrival, else the
+        earliest arrival among its requests in the step, else ``default``)."""
+        known = job_first_arrivals(step)
+
+        def first(job_id: str, default: float) -> float:
+            view = step.jobs.get(job_id)
+            if view is not None:
+                return view.first_arrival_s
+            return known.get(job_id, default)
+
+        return first
+
+    def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
+        """When a running request's next block cannot be allocated, pins worth less
+        than re-computing the first preemption victim give way first (least valuable
+        first); the rest are kept and vLLM preempts."""
+        if not step.pins:
+            return PressureOrder((), None, "")
+        victims = self.order_victims(step).request_ids
+        running = {r.request_id: r for r in step.running}
+        victim_cost_s = (recompute_s(running[victims[0]], self.params.prefill_s_per_token)
+                         if victims else math.inf)
+        price = self.params.memory_price
+        cheap = sorted(
+            (pin for pin in step.pins
+             if self._p_return(step, pin) * self._recompute_s(step, pin) < victim_cost_s),
+            key=lambda pin: (self._value(step, pin, price).value_s / max(pin.blocks, 1),
+                             pin.request_id))
+        return PressureOrder(tuple(pin.request_id for pin in cheap), None,
+                             "adaptive: pins worth less than re-computing the next victim "
+                             "give way first")
+
+    def expire(self, step: StepView) -> PinRelease:
+        waiting_jobs = {r.job_id for r in step.waiting}
+        expired = tuple(p.request_id for p in step.pins
+                        if p.expires_at_s <= step.now_s and p.job_id not in waiting_jobs)
+        return PinRelease(expired,
+                          "adaptive: planned horizon over and no request of the job waiting"
+                          if expired else "")
+
+    # --- pieces -----------------------------------------------------------------------
+
+    def _recompute_s(self, step: StepView, pin: PinView) -> float:
+        return pin.blocks * step.kv.block_size_tokens * self.params.prefill_s_per_token
+
+    def _value(self, step: StepView, pin: PinView, price: float) -> PinValue:
+        values = self._memo(step).values
+        key = (pin.request_id, price)
+        value = values.get(key)
+        if value is None:
+            value = values[key] = self._compute_value(step, pin, price)
+        return value
+
+    def _distribution(self, step: StepView, pin: PinView
+                      ) -> tuple[ToolTimeDistribution | None, str]:
+        own = step.tool_times.get(pin.tool) if pin.tool else None
+        return pick_distribution(pin.tool, own, step.global_tool_times, self.params.min_samples)
+
+    def _p_return(self, step: StepView, pin: PinView) -> float:
+        """P(the pin's job is back within the longest horizon | its tool's elapsed
+        time): two look-ups, where a full valuation takes one per horizon."""
+        memo = self._memo(step)
+        known = memo.outlooks.get(pin.request_id)
+        if known is not None:
+            return known[0][-1][0]
+        distribution, _ = self._distribution(step, pin)
+        elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
+        if distribution is None or distribution.count == 0:
+            outlook = outlook_of(self._valuation, None, elapsed_s)
+            return outlook[-1][0] if outlook else 0.0
+        return distribution.probability_within_given(elapsed_s, self.params.horizons_s[-1])
+
+    def _compute_value(self, step: StepView, pin: PinView, price: float) -> PinValue:
+        outlooks = self._memo(step).outlooks
+        known = outlooks.get(pin.request_id)
+        if known is None:
+            distribution, source = self._distribution(step, pin)
+            elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
+            known = outlooks[pin.request_id] = (
+                outlook_of(self._valuation, distribution, elapsed_s), source)
+        outlook, source = known
+        return pin_value(
+            self._valuation,
+            outlook,
+            context_tokens=pin.blocks * step.kv.block_size_tokens,
+            blocks=pin.blocks,
+            total_blocks=step.kv.total_blocks,
+            price=price,
+            source=source,
+        )
+
+    def _soft_priority(self, p_return: float) -> int:
+        return retention_priority(p_return, self.params.soft_retain_lowest,
+                                  self.params.soft_retain_highest)

@@ -1,0 +1,151 @@
+"""What a pin is worth right now, in seconds of engine time.
+
+A pin held for at most ``h`` more seconds is worth
+
+    value(h) = P(back within h | has run e) * recompute_s  -  price * share * E[held | e, h]
+
+- ``P(back within h | has run e)``: the tool's measured duration distribution,
+  conditioned on the ``e`` seconds it has already run (a tool that has run long is
+  likely to run longer);
+- ``recompute_s``: prefill time of the context the pin keeps (what the next turn pays
+  if the blocks are evicted);
+- ``share``: the pin's fraction of the KV cache; ``E[held]``: how long it is expected
+  to be held (until the tool returns, at most ``h``);
+- ``price``: seconds of engine time that holding the *whole* cache for one second
+  costs. 0 when the free blocks cover what the waiting requests need (a pin then
+  takes nothing from anyone), up to ``memory_price`` when they cover none of it.
+
+This is InferCept's keep-versus-discard comparison of memory-time (arXiv 2402.01869)
+with the price set by the current shortage instead of assumed always high, and
+Continuum's CDF TTL (``argmax_h P * benefit - cost``) re-evaluated every step with the
+elapsed time instead of fixed at the finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.framework.types import RequestView, StepView, ToolTimeDistribution
+from sidecar.policies.base import blocks_to_admit, pinned_blocks_by_job
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """Memory pressure at one step."""
+
+    free_blocks: int
+    # Blocks the waiting requests still need (beyond their job's pins).
+    demand_blocks: int
+    # Engine seconds per (whole cache x second), in [0, memory_price].
+    price: float
+
+    @property
+    def shortfall_blocks(self) -> int:
+        return max(self.demand_blocks - self.free_blocks, 0)
+
+
+def memory_pressure(step: StepView, memory_price: float) -> Pressure:
+    """The price of memory from the waiting demand against the free blocks. An engine
+    that could admit nothing although requests wait is short whatever the estimate
+    says (vLLM also keeps a watermark and lookahead slots the estimate cannot see)."""
+    pinned = pinned_blocks_by_job(step.pins)
+    size = step.kv.block_size_tokens
+    demand = sum(blocks_to_admit(r, size, pinned.get(r.job_id, 0)) for r in step.waiting)
+    free = step.kv.free_blocks
+    if step.kv.admission_stalled and step.waiting:
+        return Pressure(free, max(demand, free + 1), memory_price)
+    if demand <= free or demand <= 0:
+        return Pressure(free, demand, 0.0)
+    return Pressure(free, demand, memory_price * (demand - free) / demand)
+
+
+@dataclass(frozen=True, slots=True)
+class PinValue:
+    """The best plan for one pin: keep it ``horizon_s`` more (0: release now)."""
+
+    value_s: float  # engine seconds saved by the best plan (<= 0: release)
+    horizon_s: float
+    # P(the tool is back within the longest horizon considered): how likely the
+    # blocks are to be used at all; sets the retention priority when released.
+    p_return: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Valuation:
+    """Inputs that do not depend on the pin."""
+
+    prefill_s_per_token: float
+    horizons_s: Sequence[float]
+    min_samples: int
+    cold_start_probability: float
+    cold_start_horizon_s: float
+
+
+Outlook = tuple[tuple[float, float], ...]
+
+
+def outlook_of(valuation: Valuation, distribution: ToolTimeDistribution | None,
+               elapsed_s: float) -> Outlook:
+    """(P(back within h | ran elapsed_s), expected seconds held within h) for every
+    horizon h; with no samples, the cold-start guess (a coin flip within the cold-start
+    horizon, nothing after it)."""
+    if distribution is None or distribution.count == 0:
+        left_s = max(valuation.cold_start_horizon_s - elapsed_s, 0.0)
+        p = valuation.cold_start_probability if left_s > 0 else 0.0
+        return tuple((p if h >= left_s else p * h / left_s if left_s > 0 else 0.0,
+                      min(h, left_s)) for h in valuation.horizons_s)
+    return distribution.conditional_outlook(elapsed_s, valuation.horizons_s)
+
+
+def pin_value(
+    valuation: Valuation,
+    outlook: Outlook,
+    *,
+    context_tokens: int,
+    blocks: int,
+    total_blocks: int,
+    price: float,
+    source: str,
+) -> PinValue:
+    """The best horizon for a pin of ``blocks`` blocks keeping ``context_tokens``
+    tokens, given its tool's ``outlook`` (:func:`outlook_of`), at memory ``price``."""
+    recompute_s = context_tokens * valuation.prefill_s_per_token
+    share = blocks / total_blocks if total_blocks > 0 else 0.0
+    best_value_s, best_horizon_s = 0.0, 0.0
+    for horizon_s, (p, held_s) in zip(valuation.horizons_s, outlook, strict=True):
+        value_s = p * recompute_s - price * share * held_s
+        if value_s > best_value_s:
+            best_value_s, best_horizon_s = value_s, horizon_s
+    p_return = outlook[-1][0] if outlook else 0.0
+    return PinValue(best_value_s, best_horizon_s, p_return, source)
+
+
+def pick_distribution(
+    tool: str | None,
+    own: ToolTimeDistribution | None,
+    pooled: ToolTimeDistribution | None,
+    min_samples: int,
+) -> tuple[ToolTimeDistribution | None, str]:
+    """The tool's own distribution once it has ``min_samples`` samples, else every
+    tool's pooled (cold start), else None."""
+    if own is not None and own.count >= min_samples:
+        return own, f"{own.count} samples of {tool!r}"
+    if pooled is not None and pooled.count > 0:
+        return pooled, f"all tools' {pooled.count} samples"
+    return None, "no samples"
+
+
+def recompute_s(request: RequestView, prefill_s_per_token: float) -> float:
+    """Prefill seconds a request's prompt costs again if its KV is lost."""
+    return max(request.prompt_tokens, request.computed_tokens) * prefill_s_per_token
+
+
+def retention_priority(p_return: float, lowest: int, highest: int) -> int:
+    """A released pin's eviction priority: the likelier its job is back soon, the
+    later its blocks are evicted (vLLM's own free blocks sit at 35)."""
+    if math.isnan(p_return):
+        p_return = 0.0
+    return lowest + round((highest - lowest) * min(max(p_return, 0.0), 1.0))

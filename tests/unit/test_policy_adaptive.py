@@ -1,0 +1,260 @@
+"""adaptive: pins valued by tool time given elapsed time, memory pressure and recompute
+cost; job-level admission with a bound on waiting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sidecar.framework.protocols import Policy
+from sidecar.framework.types import RetainAction
+from sidecar.policies.registry import PolicyConfigError, build_policy
+from tests.unit.builders import distribution, step
+
+FAST = [0.08, 0.1, 0.12, 0.09, 0.11, 0.1]  # ls: ~0.1 s
+SLOW = [10.0, 12.0, 14.0, 11.0, 13.0, 12.5]  # a build: ~12 s
+UNIFORM_1_TO_10 = [1.0 + 0.25 * i for i in range(37)]  # 1 .. 10 s, evenly
+
+
+@pytest.fixture
+def adaptive() -> Policy:
+    return build_policy("adaptive", {})
+
+
+# --- the tool-time distribution, conditioned on elapsed time ------------------------
+
+
+def test_conditional_probability_rises_as_a_bounded_tool_runs() -> None:
+    times = distribution("make", UNIFORM_1_TO_10)
+    assert times is not None
+    fresh = times.probability_within_given(0.0, 2.0)
+    late = times.probability_within_given(8.0, 2.0)
+    assert fresh < 0.2, "started now: rarely back within 2 s"
+    assert late > 0.9, "has run 8 of at most ~10 s: almost surely back within 2 s"
+    assert times.probability_within_given(0.0, 60.0) == pytest.approx(1.0)
+
+
+def test_a_tool_running_past_every_sample_is_not_expected_back() -> None:
+    times = distribution("make", UNIFORM_1_TO_10)
+    assert times is not None
+    assert times.probability_within_given(30.0, 10.0) == 0.0
+    assert times.expected_remaining_s(30.0, 10.0) == 10.0
+
+
+def test_expected_hold_is_within_the_horizon_and_matches_the_mean() -> None:
+    times = distribution("make", UNIFORM_1_TO_10)
+    assert times is not None
+    mean_s = sum(UNIFORM_1_TO_10) / len(UNIFORM_1_TO_10)
+    # Unbounded horizon from the start: the mean, up to the sketch's bucket width.
+    assert times.expected_remaining_s(0.0, 1000.0) == pytest.approx(mean_s, rel=0.05)
+    for elapsed_s in (0.0, 2.0, 5.0, 9.0):
+        for horizon_s in (0.5, 2.0, 8.0):
+            held = times.expected_remaining_s(elapsed_s, horizon_s)
+            assert 0.0 <= held <= horizon_s
+    assert times.survival(0.0) == 1.0 and times.survival(100.0) == 0.0
+
+
+def test_the_outlook_of_several_horizons_matches_one_at_a_time() -> None:
+    times = distribution("make", UNIFORM_1_TO_10)
+    assert times is not None
+    horizons = (0.25, 1.0, 4.0, 16.0, 30.0)
+    for elapsed_s in (0.0, 3.0, 9.9, 12.0):
+        outlook = times.conditional_outlook(elapsed_s, horizons)
+        assert outlook == tuple(
+            (pytest.approx(times.probability_within_given(elapsed_s, h)),
+             pytest.approx(times.expected_remaining_s(elapsed_s, h))) for h in horizons)
+
+
+def test_an_empty_distribution_answers_nan() -> None:
+    from sidecar.framework.types import ToolTimeDistribution
+
+    empty = ToolTimeDistribution("x", 0, 0.0, 0.0, 1.02)
+    assert math.isnan(empty.probability_within_given(1.0, 1.0))
+    assert math.isnan(empty.expected_remaining_s(1.0, 1.0))
+
+
+# --- finish: pin, soft-retain or release ---------------------------------------------
+
+
+def test_idle_memory_pins_until_the_tool_is_surely_back(adaptive: Policy) -> None:
+    s = step(now=10, total_blocks=1000, free_blocks=900).running("r1", job="a", prompt=800)
+    fast = adaptive.on_finish(s.finish("r1", tool="ls", samples_s=FAST, blocks=50))
+    assert fast.action is RetainAction.PIN
+    assert fast.ttl_s == 0.25, "the shortest horizon by which every ls is back"
+    slow = adaptive.on_finish(s.finish("r1", tool="make", samples_s=SLOW, blocks=50))
+    assert slow.action is RetainAction.PIN, "a pin costs nothing while nobody waits"
+    assert slow.ttl_s == 16.0, "the shortest horizon by which every build is back"
+
+
+def test_short_memory_pins_a_fast_tool_for_a_short_horizon(adaptive: Policy) -> None:
+    s = (step(now=10, total_blocks=1000, free_blocks=0)
+         .running("r1", job="a", prompt=1600)
+         .waiting("w1", job="b", prompt=1600))
+    decision = adaptive.on_finish(s.finish("r1", tool="ls", samples_s=FAST, blocks=100))
+    assert decision.action is RetainAction.PIN
+    assert decision.ttl_s <= 1.0, "~0.1 s tool: a short pin gets nearly all the benefit"
+
+
+def test_short_memory_soft_retains_a_slow_tool(adaptive: Policy) -> None:
+    s = (step(now=10, total_blocks=1000, free_blocks=0)
+         .running("r1", job="a", prompt=1600)
+         .waiting("w1", job="b", prompt=1600))
+    decision = adaptive.on_finish(s.finish("r1", tool="make", samples_s=SLOW, blocks=100))
+    assert decision.action is RetainAction.SOFT_RETAIN
+    assert decision.retention_priority is not None
+    assert 35 < decision.retention_priority <= 90, "kept cached after vLLM's own blocks"
+
+
+def test_last_step_is_released_and_supersedes_older_pins(adaptive: Policy) -> None:
+    s = step(now=10).running("r2", job="a", last=True).pin("r1", job="a", blocks=4)
+    decision = adaptive.on_finish(s.finish("r2", tool=None))
+    assert decision.action is RetainAction.RELEASE
+    assert decision.release_pins == ("r1",)
+
+
+# --- every step: pins re-valued ------------------------------------------------------
+
+
+def test_idle_memory_keeps_a_fresh_pin(adaptive: Policy) -> None:
+    s = (step(now=10.05, free_blocks=900).times("ls", FAST)
+         .pin("p1", job="a", blocks=50, pinned_at=10.0, expires=40.0, tool="ls"))
+    assert adaptive.release_under_pressure(s.build()).request_ids == ()
+
+
+def test_a_pin_whose_tool_ran_past_every_sample_is_released_soft(adaptive: Policy) -> None:
+    s = (step(now=20.0, free_blocks=900).times("ls", FAST)
+         .pin("p1", job="a", blocks=50, pinned_at=10.0, expires=40.0, tool="ls"))
+    # Even with memory idle: the job is off its measured schedule, and a soft release
+    # keeps the blocks cached (a hit if it comes back) while freeing them for a burst.
+    release = adaptive.release_under_pressure(s.build())
+    assert release.request_ids == ("p1",)
+    assert release.retention_priorities["p1"] == 36, "unlikely back: lowest retention"
+
+
+def test_growing_shortage_releases_the_slow_tools_pin_first(adaptive: Policy) -> None:
+    base = (step(now=11.0, total_blocks=1000, free_blocks=0)
+            .times("ls", FAST).times("make", SLOW)
+            .pin("fast", job="a", blocks=100, pinned_at=11.0, tool="ls")
+            .pin("slow", job="b", blocks=100, pinned_at=10.0, tool="make")
+            .running("r", job="c", prompt=320)
+            .waiting("w", job="d", arrive=10.9, prompt=3200)
+            .job("a", first_arrival=1.0).job("b", first_arrival=2.0).job("d", 10.9))
+    assert list(adaptive.release_under_pressure(base.build()).request_ids) == ["slow"]
+
+
+def test_a_pin_whose_job_already_waits_is_kept(adaptive: Policy) -> None:
+    s = (step(now=20.0, free_blocks=0).times("ls", FAST)
+         .pin("p1", job="a", blocks=50, pinned_at=10.0, expires=40.0, tool="ls")
+         .waiting("a2", job="a", prompt=900))
+    assert adaptive.release_under_pressure(s.build()).request_ids == ()
+
+
+def test_an_overdue_head_request_gets_the_blocks_it_needs(adaptive: Policy) -> None:
+    # One job in the system besides: its fair share is min_fair_share_s (1 s); it
+    # has waited 5 s and needs 10 blocks that only the pins hold.
+    s = (step(now=15.0, total_blocks=100, free_blocks=0).times("ls", FAST)
+         .pin("p1", job="a", blocks=6, pinned_at=14.9, tool="ls")
+         .pin("p2", job="b", blocks=6, pinned_at=14.9, tool="ls")
+         .running("r", job="c", prompt=16)
+         .waiting("new", job="d", arrive=10.0, prompt=160))
+    release = adaptive.release_under_pressure(s.build())
+    assert sorted(release.request_ids) == ["p1", "p2"]
+
+
+def test_a_blocked_older_job_takes_the_blocks_of_younger_jobs_pins(adaptive: Policy) -> None:
+    # The first request to admit (job h, holding 5 blocks) needs 5 more; none is free.
+    # The younger job's pin goes (even though its own next turn waits, behind the
+    # head); the older job's pin stays: its tool runs and its turn comes first next.
+    s = (step(now=15.0, total_blocks=40, free_blocks=0).times("ls", FAST)
+         .pin("older", job="o", blocks=15, pinned_at=14.95, tool="ls")
+         .pin("h1", job="h", blocks=5, pinned_at=14.8, tool="ls")
+         .pin("younger", job="y", blocks=15, pinned_at=14.95, tool="ls")
+         .running("r", job="c", prompt=16)
+         .waiting("head", job="h", arrive=14.9, prompt=160)
+         .waiting("y2", job="y", arrive=14.9, prompt=300)
+         .job("o", first_arrival=1.0).job("h", first_arrival=2.0).job("y", first_arrival=9.0)
+         .job("c", first_arrival=0.5))
+    assert adaptive.order_waiting(s.build()).request_ids[0] == "head"
+    assert list(adaptive.release_under_pressure(s.build()).request_ids) == ["younger"]
+
+
+# --- admission: job-level order, bounded waiting --------------------------------------
+
+
+def test_job_level_order_puts_an_older_jobs_turn_first(adaptive: Policy) -> None:
+    s = (step(now=10.0)
+         .waiting("new", job="n", arrive=9.5)
+         .waiting("old2", job="o", arrive=9.9)
+         .job("n", first_arrival=9.5)
+         .job("o", first_arrival=1.0, turns=1))
+    assert list(adaptive.order_waiting(s.build()).request_ids) == ["old2", "new"]
+
+
+def _queue(now: float, young: int = 3):  # type: ignore[no-untyped-def]
+    """A new job that has waited 4 s behind ``young`` turns of an old job that just
+    arrived, one request running."""
+    s = step(now=now).waiting("starved", job="n", arrive=now - 4.0).running("r", job="x")
+    for i in range(young):
+        s.waiting(f"old{i}", job="o", arrive=now - 0.1)
+    return s.job("n", first_arrival=now - 4.0).job("o", first_arrival=1.0, turns=1)
+
+
+def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
+    # 3 jobs: round robin 33 ms; mean wait (4 + 3 x 0.1) / 4 = 1.08 s: fair share
+    # 1.08 s, bound 2.15 s < 4 s waited.
+    ordering = adaptive.order_waiting(_queue(now=20.0).build())
+    assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2"]
+    assert "fair share" in ordering.reason
+
+
+def test_the_fair_share_grows_with_the_jobs_in_the_system(adaptive: Policy) -> None:
+    crowded = _queue(now=20.0)
+    for i in range(400):
+        crowded.running(f"r{i}", job=f"x{i}")
+    # 403 jobs x 11 ms = 4.4 s fair share, bound 8.9 s > 4 s waited: job order holds.
+    assert adaptive.order_waiting(crowded.build()).request_ids[0] == "old0"
+
+
+def test_the_fair_share_follows_a_backlog(adaptive: Policy) -> None:
+    # Overloaded: 81 new jobs have waited 20..100 s (the others' mean ~59 s), so even
+    # the oldest is within 2x its fair share and job order holds: forcing them in
+    # would evict the working sets of the jobs in flight.
+    s = step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+    for i in range(20, 101):
+        s.waiting(f"new{i}", job=f"n{i}", arrive=200.0 - i).job(f"n{i}", 200.0 - i)
+    s.job("o", first_arrival=1.0, turns=3)
+    ordering = adaptive.order_waiting(s.build())
+    assert ordering.request_ids[0] == "cont"
+    assert "fair share" not in ordering.reason
+
+
+# --- allocation failures: cheap pins give way, valuable ones make vLLM preempt --------
+
+
+def test_only_pins_worth_less_than_the_victim_give_way(adaptive: Policy) -> None:
+    s = (step(now=20.0, free_blocks=0).times("ls", FAST)
+         .pin("stale", job="a", blocks=100, pinned_at=10.0, tool="ls")  # ran past all
+         .pin("fresh", job="b", blocks=100, pinned_at=20.0, tool="ls")
+         .running("victim", job="v", arrive=19.0, prompt=64))
+    order = adaptive.order_pins_under_pressure(s.build())
+    assert list(order.request_ids) == ["stale"]
+    assert order.max_running is None
+
+
+# --- parameters ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"horizons_s": [0.0, 1.0]}, "horizons must be > 0 s"),
+        ({"horizons_s": []}, "at least one horizon"),
+        ({"soft_retain_lowest": 80, "soft_retain_highest": 40}, "soft_retain_lowest 80 >"),
+        ({"fair_share_multiple": 0}, "fair_share_multiple"),
+        ({"memory_pryce": 1.0}, "memory_pryce"),
+    ],
+)
+def test_bad_parameters_are_named(params: dict[str, object], message: str) -> None:
+    with pytest.raises(PolicyConfigError, match=message):
+        build_policy("adaptive", params)
