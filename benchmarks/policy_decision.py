@@ -1,7 +1,8 @@
 """Decision latency of each policy for one engine step, in microseconds.
 
-One step = order_waiting + order_victims + expire + release_under_pressure on a step
-with 150 running and 200 waiting requests (and 60 pins), then on_finish for 4
+One step = order_waiting + order_victims + expire + release_under_pressure +
+order_pins_under_pressure on a step with 150 running and 200 waiting requests (and 60
+pins, their tools' measured distributions), then on_finish for 4
 finished requests with measured tool-time distributions. This is the daemon's pure
 decision cost, without gRPC or the runtime's bookkeeping.
 
@@ -20,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +51,7 @@ POLICIES: dict[str, tuple[str, dict[str, object]]] = {
     "continuum (fixed)": ("continuum", {}),
     "continuum (cdf)": ("continuum", {"ttl_mode": "cdf"}),
     "contextserve": ("contextserve", {}),
+    "adaptive": ("adaptive", {}),
 }
 
 
@@ -85,14 +88,16 @@ def build_workload(seed: int = 0) -> tuple[StepView, list[FinishInput]]:
                 state=RequestState.RUNNING if index < RUNNING else RequestState.WAITING,
             )
         )
+    distributions = {tool: _distribution(tool, rng, 200) for tool in TOOLS}
+    pooled = _distribution("*", rng, 2000)
     pins = [
         PinView(
             request_id=f"pin-{index}",
             job_id=f"job-{rng.randrange(250)}",
             blocks=rng.randrange(5, 190),
-            pinned_at_s=now_s - 2.0,
+            pinned_at_s=now_s - rng.uniform(0.0, 3.0),
             expires_at_s=now_s + rng.uniform(-1.0, 3.0),
-            tool="ls",
+            tool=TOOLS[index % len(TOOLS)],
         )
         for index in range(PINS)
     ]
@@ -104,9 +109,9 @@ def build_workload(seed: int = 0) -> tuple[StepView, list[FinishInput]]:
         running=tuple(requests[:RUNNING]),
         pins=tuple(pins),
         jobs=jobs,
+        tool_times=distributions,
+        global_tool_times=pooled,
     )
-    distributions = {tool: _distribution(tool, rng, 200) for tool in TOOLS}
-    pooled = _distribution("*", rng, 2000)
     finishes = [
         FinishInput(
             step=step,
@@ -149,15 +154,20 @@ def summary(samples: list[float]) -> dict[str, float]:
 def bench(
     policy: Policy, step: StepView, finishes: list[FinishInput], iterations: int
 ) -> dict[str, dict[str, float]]:
+    # A fresh (shallow) copy of the step per call, as the runtime builds one per
+    # report: a policy that memoises per step object must not be timed on a warm memo.
     def step_hooks() -> None:
-        policy.order_waiting(step)
-        policy.order_victims(step)
-        policy.expire(step)
-        policy.release_under_pressure(step)
+        view = replace(step)
+        policy.order_waiting(view)
+        policy.order_victims(view)
+        policy.expire(view)
+        policy.release_under_pressure(view)
+        policy.order_pins_under_pressure(view)
 
     def finish_hooks() -> None:
+        view = replace(step)
         for finished in finishes:
-            policy.on_finish(finished)
+            policy.on_finish(replace(finished, step=view))
 
     def everything() -> None:
         step_hooks()

@@ -4,6 +4,12 @@ policy in turn on one engine (the daemon restarted with the next policy, the pre
 cache reset in between).
 
     .venv/bin/python -m benchmarks.engine [--jobs 24] [--jobs-per-s 1.5] [--policies ...]
+                                          [--rounds 3]
+
+With ``--rounds R`` every policy runs R times, the order rotated each round (so no
+policy always runs first, on a cold machine, or last); each figure is the mean of the
+rounds and ``avg_job_duration_s_range`` their spread: on a shared 2-core machine that
+spread is the noise a difference must beat.
 
 Each turn is a /v1/completions request whose prompt is token ids: the job's context so
 far (previous prompts, the model's real answers) plus the turn's new tokens, with
@@ -127,6 +133,23 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
     }
 
 
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's rounds: the mean of each figure, the spread of the average job
+    duration, and every round's raw result."""
+    scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
+               "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
+               "kv_usage_max")
+    merged: dict[str, Any] = {
+        name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
+        else None
+        for name in scalars}
+    averages = [r["avg_job_duration_s"] for r in runs]
+    merged["avg_job_duration_s_range"] = [min(averages), max(averages)]
+    merged["jobs"] = runs[0]["jobs"]
+    merged["rounds"] = runs
+    return merged
+
+
 def _reset_prefix_cache(base_url: str) -> None:
     request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -171,6 +194,8 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=24, help="KV blocks of 128 tokens")
     parser.add_argument("--policies", default="fcfs,continuum,contextserve")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every policy this many times, order rotated each round")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -201,13 +226,19 @@ def main() -> int:
         api = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
                             timeout=600)
         turns = sum(len(job.turns) for job in workload.jobs)
-        for policy in policies:
-            daemon.start(policy)
-            _reset_prefix_cache(base_url)
-            api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
-            with tqdm(total=turns, desc=f"{policy:<12}", unit="turn") as progress:
-                results[policy] = run_policy(api, base_url, workload, args.scale,
-                                             args.time_scale, args.max_output, progress)
+        runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
+        for round_index in range(args.rounds):
+            shift = round_index % len(policies)
+            for policy in policies[shift:] + policies[:shift]:
+                daemon.start(policy)
+                _reset_prefix_cache(base_url)
+                api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
+                with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
+                          unit="turn") as progress:
+                    runs[policy].append(run_policy(api, base_url, workload, args.scale,
+                                                   args.time_scale, args.max_output,
+                                                   progress))
+        results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -224,18 +255,21 @@ def main() -> int:
                      "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
         "workload": {"kind": args.workload, "jobs": args.jobs, "jobs_per_s": args.jobs_per_s,
                      "scale": args.scale, "time_scale": args.time_scale,
-                     "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed},
+                     "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed,
+                     "rounds": args.rounds},
         "policies": results,
     }
     (args.out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, args.out / "engine.png")
     base = results.get("fcfs")
-    print(f"\n{'policy':<13}{'avg job s':>10}{'p95 s':>8}{'vs fcfs':>9}{'hit rate':>10}"
-          f"{'preempt':>9}")
+    print(f"\n{'policy':<13}{'avg job s':>10}{'range s':>14}{'p95 s':>8}{'vs fcfs':>9}"
+          f"{'hit rate':>10}{'preempt':>9}")
     for policy, run in results.items():
         ratio = base["avg_job_duration_s"] / run["avg_job_duration_s"] if base else 1.0
-        print(f"{policy:<13}{run['avg_job_duration_s']:>10.2f}{run['p95_job_duration_s']:>8.2f}"
-              f"{ratio:>8.2f}x{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.0f}")
+        low, high = run["avg_job_duration_s_range"]
+        print(f"{policy:<13}{run['avg_job_duration_s']:>10.2f}{f'{low:.2f}-{high:.2f}':>14}"
+              f"{run['p95_job_duration_s']:>8.2f}{ratio:>8.2f}x"
+              f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}")
     print(f"\nwrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
     return 0
 

@@ -20,7 +20,7 @@ from benchmarks.twin.steptime import LLAMA_31_8B, RTX_5090, Efficiency, StepTime
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "twin"
-SWEEP_POLICIES = ("fcfs", "continuum", "contextserve")
+SWEEP_POLICIES = ("fcfs", "continuum", "contextserve", "adaptive")
 SWEEP_JPS = (1.0, 2.0, 4.0, 8.0, 12.0)
 SWEEP_BLOCKS = (5402, 3000, 9000, 13000)
 # --quick: CI scale, a few seconds a point.
@@ -445,6 +445,14 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("label", help="the sweep's results sub-folder, e.g. reference")
     plot.add_argument("--out-dir", type=Path, default=RESULTS)
 
+    criteria = commands.add_parser(
+        "criteria", help="the adaptive policy's acceptance criteria on swept labels")
+    criteria.add_argument("labels", nargs="+", help="sweep labels, e.g. reference-agree0.966")
+    criteria.add_argument("--tolerance", type=float, default=0.02,
+                          help="noise band on the average-duration ratio (default 2%%)")
+    criteria.add_argument("--out-dir", type=Path, default=RESULTS)
+    criteria.add_argument("--out", type=Path, help="also write the report here (Markdown)")
+
     workload = commands.add_parser("workload", help="generate or check a workload file")
     workload.add_argument("action", choices=("generate", "check"))
     workload.add_argument("file", type=Path)
@@ -453,10 +461,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_criteria(args: argparse.Namespace) -> int:
+    """Print (and optionally write) the criteria table; exit 1 when a point misses."""
+    from benchmarks.twin.criteria import report
+
+    text, all_pass = report(args.out_dir / "points", args.labels, args.tolerance)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0 if all_pass else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the daemon subprocess is stopped with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     handler = {"run": cmd_run, "sweep": cmd_sweep, "calibrate": cmd_calibrate,
-               "plot": cmd_plot, "workload": cmd_workload}[args.command]
+               "plot": cmd_plot, "criteria": cmd_criteria,
+               "workload": cmd_workload}[args.command]
     return handler(args)

@@ -9,10 +9,12 @@ twin() { .venv/bin/python -m benchmarks.twin "$@"; }
 twin calibrate --seeds 0 1 2 --distinct
 twin calibrate --policy fcfs --seeds 0 1
 
-# The sweeps: fcfs, continuum, contextserve x 1, 2, 4, 8, 12 jobs/s x 5402, 3000, 9000,
-# 13000 blocks; the calibrated workload (a shared script), then jobs that share nothing.
+# The sweeps: fcfs, continuum, contextserve, adaptive x 1, 2, 4, 8, 12 jobs/s x 5402,
+# 3000, 9000, 13000 blocks; the calibrated workload (a shared script), then jobs that
+# share nothing, then the 11-turn agent with log-normal tool times (a shared script).
 twin sweep --answer-agreement 0.966
 twin sweep
+twin sweep --kind long --answer-agreement 0.966 --policies fcfs continuum adaptive
 # vLLM's own scheduler beside them, and two more seeds where the policies differ.
 twin sweep --answer-agreement 0.966 --policies native --blocks 5402 3000
 twin sweep --policies native --blocks 5402 3000
@@ -22,3 +24,6 @@ for seed in 1 2; do
 done
 # CI scale.
 twin sweep --quick
+# The adaptive policy's acceptance criteria on those points (exit 1 when one misses).
+twin criteria reference-agree0.966 long-agree0.966 reference \
+  --out benchmarks/results/twin/criteria.md || true

@@ -30,7 +30,7 @@ from benchmarks.twin.steptime import StepTimeModel, shape_of
 from benchmarks.twin.workload import STOP_TOKEN_ID, Workload, job_tokens
 
 MODEL_DIR = Path(__file__).resolve().parent / "model" / "llama-3.1-8b"
-POLICIES = ("native", "fcfs", "continuum", "contextserve")
+POLICIES = ("native", "fcfs", "continuum", "contextserve", "adaptive")
 _hash_ready = False  # vLLM's block-hash seed, set once per process
 
 

@@ -1,0 +1,122 @@
+"""The adaptive policy's acceptance criteria, checked on sweep results.
+
+For every point (KV blocks x jobs/s) of a sweep label:
+
+- **avg**: adaptive's average job duration <= the better of fcfs and continuum, within
+  the noise band (``tolerance``; the seed-to-seed range of that ratio is printed
+  where other seeds were swept);
+- **tail**: adaptive's p95 job duration and maximum TTFT each <= 1.1x fcfs's;
+- **8 jobs/s, 5,402 blocks**: fcfs's average / adaptive's >= 1.5.
+
+    .venv/bin/python -m benchmarks.twin criteria reference-agree0.966 long-agree0.966
+
+Reads ``benchmarks/results/twin/points/<label>/blocks<N>/<policy>-<jps>jps.json``;
+writes nothing unless ``--out`` names a Markdown file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TAIL_LIMIT = 1.10
+SPEEDUP_POINT = (5402, 8)
+SPEEDUP_TARGET = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    blocks: int
+    jps: int
+    fcfs: dict
+    continuum: dict
+    adaptive: dict
+    seed_ratios: tuple[float, ...]  # adaptive / best on other seeds
+
+    @property
+    def best_avg_s(self) -> float:
+        return min(self.fcfs["avg_duration_s"], self.continuum["avg_duration_s"])
+
+    @property
+    def avg_ratio(self) -> float:
+        return self.adaptive["avg_duration_s"] / self.best_avg_s
+
+    @property
+    def p95_ratio(self) -> float:
+        return self.adaptive["p95_duration_s"] / self.fcfs["p95_duration_s"]
+
+    @property
+    def ttft_max_ratio(self) -> float:
+        return self.adaptive["ttft_ms"]["max"] / max(self.fcfs["ttft_ms"]["max"], 1e-9)
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _ratio(folder: Path, blocks: int, jps: int) -> float | None:
+    runs = [_load(folder / f"blocks{blocks}" / f"{p}-{jps}jps.json")
+            for p in ("fcfs", "continuum", "adaptive")]
+    if any(run is None for run in runs):
+        return None
+    fcfs, continuum, adaptive = runs
+    assert fcfs is not None and continuum is not None and adaptive is not None
+    return adaptive["avg_duration_s"] / min(fcfs["avg_duration_s"],
+                                            continuum["avg_duration_s"])
+
+
+def load_points(points_dir: Path, label: str) -> list[Point]:
+    folder = points_dir / label
+    seeds = sorted(p for p in points_dir.glob(f"{label}-seed*") if p.is_dir())
+    points = []
+    for blocks_dir in sorted(folder.glob("blocks*"), key=lambda p: int(p.name[6:])):
+        blocks = int(blocks_dir.name[6:])
+        for adaptive_path in blocks_dir.glob("adaptive-*jps.json"):
+            jps = int(adaptive_path.name.split("-")[1].removesuffix("jps.json"))
+            fcfs = _load(blocks_dir / f"fcfs-{jps}jps.json")
+            continuum = _load(blocks_dir / f"continuum-{jps}jps.json")
+            if fcfs is None or continuum is None:
+                continue
+            seed_ratios = tuple(r for s in seeds if (r := _ratio(s, blocks, jps)) is not None)
+            points.append(Point(blocks, jps, fcfs, continuum,
+                                json.loads(adaptive_path.read_text()), seed_ratios))
+    return sorted(points, key=lambda p: (p.blocks, p.jps))
+
+
+def report(points_dir: Path, labels: Sequence[str], tolerance: float) -> tuple[str, bool]:
+    lines = [f"Criteria: avg <= min(fcfs, continuum) x {1 + tolerance:g} (noise band); "
+             f"p95 job and max TTFT <= {TAIL_LIMIT:g} x fcfs; fcfs / adaptive >= "
+             f"{SPEEDUP_TARGET:g} at {SPEEDUP_POINT[1]} jobs/s, {SPEEDUP_POINT[0]} blocks.", ""]
+    all_pass = True
+    for label in labels:
+        points = load_points(points_dir, label)
+        lines += [f"## `{label}`", "",
+                  "| blocks | jobs/s | fcfs | continuum | adaptive | vs best | other seeds "
+                  "| p95 vs fcfs | max TTFT vs fcfs (s) | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        passed = 0
+        for p in points:
+            misses = []
+            if p.avg_ratio > 1 + tolerance:
+                misses.append("avg")
+            if p.p95_ratio > TAIL_LIMIT:
+                misses.append("p95")
+            if p.ttft_max_ratio > TAIL_LIMIT:
+                misses.append("TTFT")
+            speedup = p.fcfs["avg_duration_s"] / p.adaptive["avg_duration_s"]
+            if (p.blocks, p.jps) == SPEEDUP_POINT and speedup < SPEEDUP_TARGET:
+                misses.append(f"x{speedup:.2f} < x{SPEEDUP_TARGET:g}")
+            passed += not misses
+            seeds = (", ".join(f"x{r:.3f}" for r in p.seed_ratios) if p.seed_ratios else "-")
+            lines.append(
+                f"| {p.blocks} | {p.jps} | {p.fcfs['avg_duration_s']:.2f} s "
+                f"| {p.continuum['avg_duration_s']:.2f} s | {p.adaptive['avg_duration_s']:.2f} s "
+                f"| x{p.avg_ratio:.3f} | {seeds} | x{p.p95_ratio:.2f} "
+                f"| x{p.ttft_max_ratio:.2f} ({p.adaptive['ttft_ms']['max'] / 1000:.1f} / "
+                f"{p.fcfs['ttft_ms']['max'] / 1000:.1f}) "
+                f"| {'pass' if not misses else 'miss: ' + ', '.join(misses)} |")
+        all_pass = all_pass and passed == len(points) and bool(points)
+        lines += ["", f"{passed} of {len(points)} points pass.", ""]
+    return "\n".join(lines), all_pass
