@@ -102,6 +102,7 @@ class EngineAgent:
         self._pressure_max_running: int | None = None
         self._last_free_blocks = -1
         self._admission_stalled = False
+        self._last_report_s = float("-inf")  # engine clock of the last report sent
         self._reported_this_step = False
         # Installs / removes the pin-aware allocation wrapper (set by the scheduler).
         self.allocation_hook: Callable[[bool], None] | None = None
@@ -389,14 +390,22 @@ class EngineAgent:
                                 expires_at_s=pin.release_at_s, tool=pin.tool)
             self._last_free_blocks = kv.free_blocks
             return report
-        # While pins are held the daemon must hear the clock move (their expiry),
-        # otherwise only a change is worth a message.
-        if not (self._new or self._events or self._released or self.pins
-                or kv.free_blocks != self._last_free_blocks):
+        # Only a change is worth a message; while pins are held the daemon must also
+        # hear the clock move (to expire and re-value them), at the heartbeat's rate:
+        # a report every step would cost the engine and the daemon CPU for nothing.
+        now_s = self.clock_s()
+        # A stalled engine (nothing scheduled although requests wait) spins until the
+        # daemon frees something: it reports every step.
+        changed = bool(self._new or self._events or self._released
+                       or kv.free_blocks != self._last_free_blocks or kv.admission_stalled)
+        heartbeat = bool(self.pins) and (
+            now_s - self._last_report_s >= self.settings.pin_heartbeat_s)
+        if not (changed or heartbeat):
             return None
+        self._last_report_s = now_s
         self.seq += 1
         report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
-                               now_s=self.clock_s(), kv=kv, new_requests=self._new,
+                               now_s=now_s, kv=kv, new_requests=self._new,
                                events=self._events, released_pins=self._released,
                                counters=self.counters)
         self._new.clear()

@@ -84,6 +84,7 @@ STYLE: dict[str, dict[str, Any]] = {
     "native": {"color": "black", "marker": "x", "linestyle": "--", "linewidth": 1},
     "continuum": {"color": "tab:orange", "marker": "o"},
     "contextserve": {"color": "tab:blue", "marker": "s"},
+    "adaptive": {"color": "tab:red", "marker": "D"},
 }
 ORDER = ("fcfs", "native", "continuum", "contextserve")
 

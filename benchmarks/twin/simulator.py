@@ -107,6 +107,9 @@ def _plugin_env(address: str) -> Iterator[None]:
         "KVTETHER_PLUGIN_ENGINE_ID": "twin",
         # Wait for every decision: the run must not depend on how fast this box is.
         "KVTETHER_PLUGIN_DEADLINE_MS": "10000",
+        # A report every step while pins are held: the daemon re-values them as often
+        # as the engine steps (the sweeps in benchmarks/results/twin ran this way).
+        "KVTETHER_PLUGIN_PIN_HEARTBEAT_MS": "0",
         "KVTETHER_PLUGIN_FAIL_MODE": "open",
         "KVTETHER_PLUGIN_ENABLED": "1",
     }

@@ -244,6 +244,29 @@ def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptiv
     assert engine.free() == engine.start_free
 
 
+@pytest.mark.parametrize(("heartbeat_ms", "most_reports"), [("0", None), ("60000", 4)])
+def test_held_pins_report_at_the_heartbeat_not_every_step(  # type: ignore[no-untyped-def]
+        engines, continuum, heartbeat_ms, most_reports) -> None:
+    engine = engines(continuum, PIN_HEARTBEAT_MS=heartbeat_ms)
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    assert engine.agent.pins, "a pin is held"
+    # A long answer decodes while the pin is held: 15 steps inside one KV block, so
+    # nothing the daemon needs changes from step to step.
+    engine.add("long", [7] * (2 * BLOCK), job=None, last=True, max_tokens=40)
+    engine.step()
+    engine.step()
+    before = engine.agent.seq
+    for _ in range(15):
+        engine.step()
+    reports = engine.agent.seq - before
+    if most_reports is None:
+        assert reports >= 15, "heartbeat 0: a report every step"
+    else:
+        assert reports <= most_reports, f"{reports} reports in 15 steps"
+    engine.drain()
+
+
 def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines) -> None:  # type: ignore[no-untyped-def]
     with running_daemon("--policy", "continuum") as daemon:
         engine = engines(daemon, PROVISIONAL_PIN_S="0.3", MAX_PIN_S="0.5")
