@@ -13,7 +13,7 @@ so two daemons given the same step decide the same.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -148,3 +148,43 @@ def blocks_to_admit(request: RequestView, block_size_tokens: int, reusable_block
     prompt_blocks = math.ceil(request.prompt_tokens / block_size_tokens)
     computed_blocks = request.computed_tokens // block_size_tokens
     return max(prompt_blocks - max(computed_blocks, reusable_blocks), 0)
+
+
+# Sort key of a waiting request in job-level order: (job holds no pin, job's first
+# arrival, arrival, id).
+WaitingKey = Callable[[RequestView], tuple[bool, float, float, str]]
+
+
+def job_level_waiting_key(step: StepView) -> WaitingKey:
+    """Continuum's admission order: requests whose job holds a pin first (they reuse
+    it, and admitting them frees it soonest), then job-level FCFS by the job's first
+    arrival, then the request's arrival."""
+    first = job_first_arrivals(step, step.waiting)
+    pinned_jobs = {p.job_id for p in step.pins}
+
+    def key(request: RequestView) -> tuple[bool, float, float, str]:
+        return (request.job_id not in pinned_jobs, first[request.job_id],
+                request.arrival_s, request.request_id)
+
+    return key
+
+
+def job_level_victims(step: StepView) -> list[RequestView]:
+    """Running requests, first to be preempted first: non-last-step before last-step
+    (a last step is about to free its blocks for good, so preempting it wastes the
+    most), then the newest job, then the newest request of that job."""
+    first = job_first_arrivals(step, step.running)
+
+    def key(request: RequestView) -> tuple[bool, float, float, str]:
+        return (not request.is_last_step, first[request.job_id], request.arrival_s,
+                request.request_id)
+
+    return sorted(step.running, key=key, reverse=True)
+
+
+def expired_unless_job_waits(step: StepView) -> tuple[str, ...]:
+    """Pins whose time is up and whose job has no request waiting (a waiting request
+    is about to reuse its job's pin)."""
+    waiting_jobs = {r.job_id for r in step.waiting}
+    return tuple(p.request_id for p in step.pins
+                 if p.expires_at_s <= step.now_s and p.job_id not in waiting_jobs)

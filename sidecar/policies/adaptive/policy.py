@@ -42,7 +42,9 @@ from sidecar.policies.base import (
     NativePolicy,
     PolicyParams,
     blocks_to_admit,
-    job_first_arrivals,
+    expired_unless_job_waits,
+    job_level_victims,
+    job_level_waiting_key,
     pinned_blocks_by_job,
     superseded_pins,
 )
@@ -179,33 +181,29 @@ class AdaptivePolicy(NativePolicy):
         return memo.order
 
     def _compute_admission_order(self, step: StepView) -> tuple[list[RequestView], int]:
-        first = job_first_arrivals(step, step.waiting)
-        pinned = pinned_blocks_by_job(step.pins)
-        jobs_in_system = len({r.job_id for r in (*step.waiting, *step.running)} | set(pinned))
+        pinned_jobs = {p.job_id for p in step.pins}
+        jobs_in_system = len({r.job_id for r in (*step.waiting, *step.running)} | pinned_jobs)
         total_wait_s = sum(step.now_s - r.arrival_s for r in step.waiting)
         multiple = self.params.fair_share_multiple
         limit_s = multiple * self.fair_share_s(step, jobs_in_system, total_wait_s)
         overdue = {r.request_id for r in step.waiting if step.now_s - r.arrival_s > limit_s}
+        job_level = job_level_waiting_key(step)
 
-        def key(request: RequestView) -> tuple[int, float, bool, float, float, str]:
+        def key(request: RequestView) -> tuple[float, ...]:
+            # Overdue requests first, oldest first; then the job-level order.
             if request.request_id in overdue:
-                return (0, request.arrival_s, False, 0.0, request.arrival_s, request.request_id)
-            return (1, 0.0, request.job_id not in pinned, first[request.job_id],
-                    request.arrival_s, request.request_id)
+                return (0, request.arrival_s)
+            job_pinless, first_s, arrival_s, _ = job_level(request)
+            return (1, job_pinless, first_s, arrival_s)
 
-        return sorted(step.waiting, key=key), len(overdue)
+        # Ties (equal keys) are broken by request id: the order is total.
+        ordered = sorted(sorted(step.waiting, key=lambda r: r.request_id), key=key)
+        return ordered, len(overdue)
 
     # --- preemption: the newest non-last-step job first (its context is smallest) ----
 
     def order_victims(self, step: StepView) -> Ordering:
-        first = job_first_arrivals(step, step.running)
-
-        def key(request: RequestView) -> tuple[bool, float, float, str]:
-            return (not request.is_last_step, first[request.job_id], request.arrival_s,
-                    request.request_id)
-
-        ordered = sorted(step.running, key=key, reverse=True)
-        return Ordering(tuple(r.request_id for r in ordered),
+        return Ordering(tuple(r.request_id for r in job_level_victims(step)),
                         "adaptive: newest non-last-step job preempted first, then newest job")
 
     # --- finish: pin, soft-retain or release by value -------------------------------
@@ -338,9 +336,7 @@ class AdaptivePolicy(NativePolicy):
                              "give way first")
 
     def expire(self, step: StepView) -> PinRelease:
-        waiting_jobs = {r.job_id for r in step.waiting}
-        expired = tuple(p.request_id for p in step.pins
-                        if p.expires_at_s <= step.now_s and p.job_id not in waiting_jobs)
+        expired = expired_unless_job_waits(step)
         return PinRelease(expired,
                           "adaptive: planned horizon over and no request of the job waiting"
                           if expired else "")

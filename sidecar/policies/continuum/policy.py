@@ -6,7 +6,6 @@ See README.md beside this file for the rules, the TTL formulas and the parameter
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -16,7 +15,6 @@ from sidecar.framework.types import (
     Ordering,
     PinRelease,
     PressureOrder,
-    RequestView,
     RetainDecision,
     StepView,
     ToolTimeDistribution,
@@ -25,13 +23,12 @@ from sidecar.policies.base import (
     NativePolicy,
     PolicyParams,
     blocks_to_admit,
-    job_first_arrivals,
+    expired_unless_job_waits,
+    job_level_victims,
+    job_level_waiting_key,
     pinned_blocks_by_job,
     superseded_pins,
 )
-
-# Sort key of a waiting request: (job holds no pin, job first arrival, arrival, id).
-WaitingKey = Callable[[RequestView], tuple[bool, float, float, str]]
 
 
 class ContinuumParams(PolicyParams):
@@ -86,8 +83,7 @@ class ContinuumPolicy(NativePolicy):
     # --- admission: pinned jobs first, then job-level FCFS -------------------------
 
     def order_waiting(self, step: StepView) -> Ordering:
-        key = _waiting_key(step)
-        ordered = sorted(step.waiting, key=key)
+        ordered = sorted(step.waiting, key=job_level_waiting_key(step))
         return Ordering(
             tuple(r.request_id for r in ordered),
             "continuum: jobs holding a pin first, then earliest job first arrival",
@@ -96,22 +92,8 @@ class ContinuumPolicy(NativePolicy):
     # --- preemption: newest non-last-step job first, else newest job --------------
 
     def order_victims(self, step: StepView) -> Ordering:
-        first = job_first_arrivals(step, step.running)
-
-        # Descending: non-last-step before last-step (a last step is about to free
-        # its blocks for good, so preempting it wastes the most), then the newest job,
-        # then the newest request of that job.
-        def key(request: RequestView) -> tuple[bool, float, float, str]:
-            return (
-                not request.is_last_step,
-                first[request.job_id],
-                request.arrival_s,
-                request.request_id,
-            )
-
-        ordered = sorted(step.running, key=key, reverse=True)
         return Ordering(
-            tuple(r.request_id for r in ordered),
+            tuple(r.request_id for r in job_level_victims(step)),
             "continuum: newest non-last-step job preempted first, then newest job",
         )
 
@@ -132,7 +114,7 @@ class ContinuumPolicy(NativePolicy):
         pinned_blocks = pinned_blocks_by_job(step.pins)
         head_job: str | None = None
         if step.waiting:
-            head = min(step.waiting, key=_waiting_key(step))
+            head = min(step.waiting, key=job_level_waiting_key(step))
             head_job = head.job_id
             need = blocks_to_admit(head, step.kv.block_size_tokens, pinned_blocks.get(head_job, 0))
             shortfall = need - step.kv.free_blocks
@@ -177,12 +159,7 @@ class ContinuumPolicy(NativePolicy):
     # --- expiry: TTL over and no request of the job waiting -----------------------
 
     def expire(self, step: StepView) -> PinRelease:
-        waiting_jobs = {r.job_id for r in step.waiting}
-        expired = tuple(
-            p.request_id
-            for p in step.pins
-            if p.expires_at_s <= step.now_s and p.job_id not in waiting_jobs
-        )
+        expired = expired_unless_job_waits(step)
         return PinRelease(
             expired, "continuum: TTL over and no request of the job waiting" if expired else ""
         )
@@ -257,22 +234,6 @@ class ContinuumPolicy(NativePolicy):
             f"{self.name} cdf: tau*={best_ttl_s:.3g} s maximises "
             f"P*{benefit_s:.3g} s - cost ({source})"
         )
-
-
-def _waiting_key(step: StepView) -> WaitingKey:
-    first = job_first_arrivals(step, step.waiting)
-    pinned_jobs = {p.job_id for p in step.pins}
-
-    def key(request: RequestView) -> tuple[bool, float, float, str]:
-        # False sorts first: requests whose job holds a pin.
-        return (
-            request.job_id not in pinned_jobs,
-            first[request.job_id],
-            request.arrival_s,
-            request.request_id,
-        )
-
-    return key
 
 
 def _distribution_for(
