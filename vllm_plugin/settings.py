@@ -12,9 +12,12 @@
 - ``KVTETHER_PLUGIN_PROVISIONAL_PIN_S`` (2.0): a finished turn's blocks are held this
   long until the daemon confirms or releases them.
 - ``KVTETHER_PLUGIN_MAX_PIN_S`` (60.0): local bound on any pin, whatever the daemon says.
-- ``KVTETHER_PLUGIN_PIN_HEARTBEAT_MS`` (20): while pins are held and nothing else
+- ``KVTETHER_PLUGIN_PIN_HEARTBEAT_MS`` (100): while pins are held and nothing else
   changed, a report (so the daemon hears the clock move, to expire and re-value pins)
-  goes at most this often, not every step. 0: every step.
+  goes at most this often, not every step. 0: every step. A pin may then outlive its
+  expiry by up to this much, but only while nothing changes (no block allocated or
+  freed, no request added or finished, the engine not stalled): when memory matters,
+  reports go every step anyway.
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
 - ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
 - ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's
@@ -49,7 +52,7 @@ class PluginSettings:
     closed_wait_s: float = 1.0
     provisional_pin_s: float = 2.0
     max_pin_s: float = 60.0
-    pin_heartbeat_s: float = 0.020
+    pin_heartbeat_s: float = 0.100
     enabled: bool = True
     tls_ca_file: str = ""
     tls_cert_file: str = ""
@@ -104,7 +107,7 @@ class PluginSettings:
             closed_wait_s=number("CLOSED_WAIT_S", 1.0),
             provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),
             max_pin_s=number("MAX_PIN_S", 60.0),
-            pin_heartbeat_s=number("PIN_HEARTBEAT_MS", 20.0) / 1000.0,
+            pin_heartbeat_s=number("PIN_HEARTBEAT_MS", 100.0) / 1000.0,
             enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),
             **tls_files,
