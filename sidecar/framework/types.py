@@ -169,26 +169,15 @@ class ToolTimeDistribution:
         tool which has already run ``elapsed_s`` is back within ``tau_s`` more. A tool
         that has run longer than any sample is given 0 (no evidence it ever returns).
         NaN with no samples."""
-        if self.count == 0:
-            return math.nan
-        alive, _ = self._survival_and_integral(elapsed_s)
-        if alive <= 0.0:
-            return 0.0
-        later, _ = self._survival_and_integral(elapsed_s + max(tau_s, 0.0))
-        return min(max(1.0 - later / alive, 0.0), 1.0)
+        outlook = self.conditional_outlook(elapsed_s, (tau_s,))
+        return outlook[0][0] if outlook else math.nan
 
     def expected_remaining_s(self, elapsed_s: float, horizon_s: float) -> float:
         """E[min(duration - elapsed_s, horizon_s) | duration > elapsed_s]: how long a
         pin kept for at most ``horizon_s`` more is expected to be held. ``horizon_s``
         for a tool that has run longer than any sample; NaN with no samples."""
-        if self.count == 0:
-            return math.nan
-        horizon_s = max(horizon_s, 0.0)
-        alive, start = self._survival_and_integral(elapsed_s)
-        if alive <= 0.0:
-            return horizon_s
-        _, end = self._survival_and_integral(elapsed_s + horizon_s)
-        return min(max((end - start) / alive, 0.0), horizon_s)
+        outlook = self.conditional_outlook(elapsed_s, (horizon_s,))
+        return outlook[0][1] if outlook else math.nan
 
     def conditional_outlook(
         self, elapsed_s: float, horizons_s: Sequence[float]

@@ -27,6 +27,7 @@ from sidecar.framework.types import (
     RequestView,
     RetainDecision,
     StepView,
+    ToolTimeDistribution,
 )
 
 
@@ -53,6 +54,9 @@ class NativePolicy:
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         self.params = params if params is not None else self.params_model()
+        if not isinstance(self.params, self.params_model):
+            raise TypeError(f"{self.name} needs {self.params_model.__name__}, "
+                            f"got {type(self.params)!r}")
 
     def order_waiting(self, step: StepView) -> Ordering:
         # vLLM's FCFS queue is a deque in arrival order.
@@ -130,6 +134,21 @@ def job_first_arrivals(
                 if current is None or request.arrival_s < current:
                     first[request.job_id] = request.arrival_s
     return first
+
+
+def tool_distribution(
+    tool: str | None,
+    own: ToolTimeDistribution | None,
+    pooled: ToolTimeDistribution | None,
+    min_samples: int,
+) -> tuple[ToolTimeDistribution | None, str]:
+    """The tool's own distribution once it has ``min_samples`` samples, else every
+    tool's samples pooled (cold start), else None; and where it came from."""
+    if own is not None and own.count >= min_samples:
+        return own, f"{own.count} samples of {tool!r}"
+    if pooled is not None and pooled.count > 0:
+        return pooled, f"all tools' {pooled.count} samples (cold start)"
+    return None, "no samples"
 
 
 def pinned_blocks_by_job(pins: Sequence[PinView]) -> dict[str, int]:

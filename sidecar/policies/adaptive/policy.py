@@ -33,7 +33,6 @@ from sidecar.policies.adaptive.value import (
     Valuation,
     memory_pressure,
     outlook_of,
-    pick_distribution,
     pin_value,
     recompute_s,
     retention_priority,
@@ -47,6 +46,7 @@ from sidecar.policies.base import (
     job_level_waiting_key,
     pinned_blocks_by_job,
     superseded_pins,
+    tool_distribution,
 )
 
 
@@ -121,10 +121,8 @@ class AdaptivePolicy(NativePolicy):
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
-        if not isinstance(self.params, AdaptiveParams):
-            raise TypeError(f"{self.name} needs AdaptiveParams, got {type(self.params)!r}")
         p = self.params
-        self._valuation = Valuation(p.prefill_s_per_token, p.horizons_s, p.min_samples,
+        self._valuation = Valuation(p.prefill_s_per_token, p.horizons_s,
                                     p.cold_start_probability, p.cold_start_horizon_s)
         self._local = threading.local()
 
@@ -216,7 +214,7 @@ class AdaptivePolicy(NativePolicy):
                                           release_pins=superseded)
         step = finished.step
         pressure = self._pressure(step)
-        distribution, source = pick_distribution(
+        distribution, source = tool_distribution(
             finished.tool, finished.tool_times, finished.global_tool_times,
             self.params.min_samples)
         value = pin_value(
@@ -357,7 +355,7 @@ class AdaptivePolicy(NativePolicy):
     def _distribution(self, step: StepView, pin: PinView
                       ) -> tuple[ToolTimeDistribution | None, str]:
         own = step.tool_times.get(pin.tool) if pin.tool else None
-        return pick_distribution(pin.tool, own, step.global_tool_times, self.params.min_samples)
+        return tool_distribution(pin.tool, own, step.global_tool_times, self.params.min_samples)
 
     def _p_return(self, step: StepView, pin: PinView) -> float:
         """P(the pin's job is back within the longest horizon | its tool's elapsed

@@ -41,10 +41,6 @@ class Pressure:
     # Engine seconds per (whole cache x second), in [0, memory_price].
     price: float
 
-    @property
-    def shortfall_blocks(self) -> int:
-        return max(self.demand_blocks - self.free_blocks, 0)
-
 
 def memory_pressure(step: StepView, memory_price: float) -> Pressure:
     """The price of memory from the waiting demand against the free blocks. An engine
@@ -79,7 +75,6 @@ class Valuation:
 
     prefill_s_per_token: float
     horizons_s: Sequence[float]
-    min_samples: int
     cold_start_probability: float
     cold_start_horizon_s: float
 
@@ -121,21 +116,6 @@ def pin_value(
             best_value_s, best_horizon_s = value_s, horizon_s
     p_return = outlook[-1][0] if outlook else 0.0
     return PinValue(best_value_s, best_horizon_s, p_return, source)
-
-
-def pick_distribution(
-    tool: str | None,
-    own: ToolTimeDistribution | None,
-    pooled: ToolTimeDistribution | None,
-    min_samples: int,
-) -> tuple[ToolTimeDistribution | None, str]:
-    """The tool's own distribution once it has ``min_samples`` samples, else every
-    tool's pooled (cold start), else None."""
-    if own is not None and own.count >= min_samples:
-        return own, f"{own.count} samples of {tool!r}"
-    if pooled is not None and pooled.count > 0:
-        return pooled, f"all tools' {pooled.count} samples"
-    return None, "no samples"
 
 
 def recompute_s(request: RequestView, prefill_s_per_token: float) -> float:

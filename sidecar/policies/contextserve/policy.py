@@ -124,8 +124,6 @@ class ContextServePolicy(ContinuumPolicy):
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
-        if not isinstance(self.params, ContextServeParams):
-            raise TypeError(f"{self.name} needs ContextServeParams, got {type(self.params)!r}")
         self._fast = frozenset(self.params.fast_commands)
         self._slow = self.params.slow_prefixes
         self._prior = NigPrior(

@@ -17,7 +17,6 @@ from sidecar.framework.types import (
     PressureOrder,
     RetainDecision,
     StepView,
-    ToolTimeDistribution,
 )
 from sidecar.policies.base import (
     NativePolicy,
@@ -28,6 +27,7 @@ from sidecar.policies.base import (
     job_level_waiting_key,
     pinned_blocks_by_job,
     superseded_pins,
+    tool_distribution,
 )
 
 
@@ -74,11 +74,6 @@ class ContinuumPolicy(NativePolicy):
     pins_finished_requests = True
     params_model: ClassVar[type[PolicyParams]] = ContinuumParams
     params: ContinuumParams
-
-    def __init__(self, params: PolicyParams | None = None) -> None:
-        super().__init__(params)
-        if not isinstance(self.params, ContinuumParams):
-            raise TypeError(f"{self.name} needs ContinuumParams, got {type(self.params)!r}")
 
     # --- admission: pinned jobs first, then job-level FCFS -------------------------
 
@@ -209,7 +204,8 @@ class ContinuumPolicy(NativePolicy):
 
     def _cdf_ttl_s(self, finished: FinishInput) -> tuple[float | None, str]:
         params = self.params
-        times, source = _distribution_for(finished, params.min_samples)
+        times, source = tool_distribution(finished.tool, finished.tool_times,
+                                          finished.global_tool_times, params.min_samples)
         if times is None:
             return None, f"{self.name} cdf: no tool-time samples yet"
         context_tokens = finished.request.prompt_tokens + finished.output_tokens
@@ -234,17 +230,3 @@ class ContinuumPolicy(NativePolicy):
             f"{self.name} cdf: tau*={best_ttl_s:.3g} s maximises "
             f"P*{benefit_s:.3g} s - cost ({source})"
         )
-
-
-def _distribution_for(
-    finished: FinishInput, min_samples: int
-) -> tuple[ToolTimeDistribution | None, str]:
-    """The tool's own distribution once it has ``min_samples`` samples, else the
-    distribution of all tools (cold start), else None."""
-    own = finished.tool_times
-    if own is not None and own.count >= min_samples:
-        return own, f"{own.count} samples of {finished.tool!r}"
-    pooled = finished.global_tool_times
-    if pooled is not None and pooled.count > 0:
-        return pooled, f"all tools' {pooled.count} samples (cold start)"
-    return None, "no samples"
