@@ -21,8 +21,10 @@ from redis-py's own pool for the owning master. Other commands use ``RedisCluste
 which follows MOVED redirections itself.
 
 On a cluster, every call rides out topology changes — a failover, a slot moved — for up
-to the store's timeout: it refreshes the slot map and retries. On one server, a failed
-call raises StoreError at once; callers (the recorder) retry.
+to the store's timeout: it refreshes the slot map and retries. On one server, a call that
+finds its connection lost is retried once on a fresh one (a restarted server leaves
+every pooled connection dead); any other failure raises StoreError at once; callers
+(the recorder) retry.
 
 Durability: Redis replicates asynchronously. With ``replica_acks=N`` in the URL, a
 transition is acknowledged only after ``WAIT N timeout`` on the same connection
@@ -121,7 +123,20 @@ class _ServerConnections:
             await self._pool.release(connection)
 
     async def recover(self, error: BaseException, attempt: int, started_s: float) -> bool:
-        return False
+        """Once, after a lost connection: a restarted server (or a proxy cutting idle
+        connections) leaves every pooled connection dead, and each one's first use
+        fails although the server answers. Drop the idle ones and retry on a fresh
+        connection; a server that is really down fails the retry too.
+
+        A stale connection fails before its command reaches the server, so the retry
+        applies it once. A connection lost mid-command (the server crashed while
+        answering) may have applied it: a transition re-reads its keys and re-plans,
+        but an increment may then count twice, against losing it with the crash."""
+        if attempt != 1 or not isinstance(error, RedisConnectionError | ConnectionError):
+            return False
+        with contextlib.suppress(*BACKEND_ERRORS):
+            await self._pool.disconnect(inuse_connections=False)
+        return True
 
 
 class _ClusterConnections:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import redis
 
@@ -92,3 +94,33 @@ def provide_redis_url() -> Iterator[str]:
         return
     with redis_binary() as (url, _process):
         yield url
+
+
+class RedisProcess:
+    """A redis-server that persists every write (AOF, fsync always) and can be killed
+    and restarted on the same port and data directory."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = Path(tempfile.mkdtemp(prefix="kvtether-redis-aof-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is installed by scripts/dev.sh test"
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_redis(self.url)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
