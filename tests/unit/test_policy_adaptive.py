@@ -187,12 +187,29 @@ def test_a_request_that_does_not_fit_waits_for_running_ones_not_for_pins(
 # --- admission: job-level order, bounded waiting --------------------------------------
 
 
-def test_job_level_order_puts_an_older_jobs_turn_first(adaptive: Policy) -> None:
-    s = (step(now=10.0)
-         .waiting("new", job="n", arrive=9.5)
-         .waiting("old2", job="o", arrive=9.9)
-         .job("n", first_arrival=9.5)
-         .job("o", first_arrival=1.0, turns=1))
+def _new_job_then_old_turn(now: float, new_waited_s: float, free_blocks: int = 1000):  # type: ignore[no-untyped-def]
+    """A new job's first request, then the next turn of a job that started at 1 s."""
+    return (step(now=now, free_blocks=free_blocks)
+            .waiting("new", job="n", arrive=now - new_waited_s, prompt=64)
+            .waiting("old2", job="o", arrive=now - 0.1, prompt=64)
+            .job("n", first_arrival=now - new_waited_s)
+            .job("o", first_arrival=1.0, turns=1))
+
+
+def test_an_engine_keeping_up_admits_in_arrival_order(adaptive: Policy) -> None:
+    # Memory idle and nobody waited 1 s: job order would protect nothing and only
+    # delay the new job's first token.
+    s = _new_job_then_old_turn(now=10.0, new_waited_s=0.5)
+    assert list(adaptive.order_waiting(s.build()).request_ids) == ["new", "old2"]
+
+
+@pytest.mark.parametrize(("new_waited_s", "free_blocks"), [
+    (0.5, 4),     # memory short: 8 blocks wait for 4 free
+    (1.5, 1000),  # a backlog: the oldest request waited past 1 s (bound: 2 s)
+])
+def test_under_pressure_an_older_jobs_turn_goes_first(
+        adaptive: Policy, new_waited_s: float, free_blocks: int) -> None:
+    s = _new_job_then_old_turn(now=10.0, new_waited_s=new_waited_s, free_blocks=free_blocks)
     assert list(adaptive.order_waiting(s.build()).request_ids) == ["old2", "new"]
 
 

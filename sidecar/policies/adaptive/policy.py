@@ -143,6 +143,10 @@ class AdaptivePolicy(NativePolicy):
 
     def order_waiting(self, step: StepView) -> Ordering:
         ordered, overdue = self._admission_order(step)
+        if self._keeping_up(step):
+            return Ordering(tuple(r.request_id for r in ordered),
+                            "adaptive: engine keeping up (memory idle, no wait past "
+                            f"{self.params.min_fair_share_s:g} s): arrival order")
         reason = "adaptive: jobs holding a pin first, then earliest job first arrival"
         if overdue:
             reason = (f"adaptive: {overdue} request(s) past {self.params.fair_share_multiple:g}x "
@@ -185,6 +189,10 @@ class AdaptivePolicy(NativePolicy):
         multiple = self.params.fair_share_multiple
         limit_s = multiple * self.fair_share_s(step, jobs_in_system, total_wait_s)
         overdue = {r.request_id for r in step.waiting if step.now_s - r.arrival_s > limit_s}
+        if self._keeping_up(step):
+            # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
+            ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
+            return ordered, len(overdue)
         job_level = job_level_waiting_key(step)
 
         def key(request: RequestView) -> tuple[float, ...]:
@@ -197,6 +205,19 @@ class AdaptivePolicy(NativePolicy):
         # Ties (equal keys) are broken by request id: the order is total.
         ordered = sorted(sorted(step.waiting, key=lambda r: r.request_id), key=key)
         return ordered, len(overdue)
+
+    def _keeping_up(self, step: StepView) -> bool:
+        """The engine keeps up: memory is idle (the waiting requests fit in the free
+        blocks) and no request has waited a full minimum fair share. Job-level order
+        then protects no working set and only delays new jobs behind the turns of
+        older ones for a few steps (measured in the twin: 8 jobs/s, calibrated
+        workload, maximum TTFT 0.5-0.6 s against FCFS's 0.4 s, the same average).
+        Once a backlog builds or memory is short, job-level order keeps jobs in
+        flight finishing and new jobs from evicting them."""
+        if self._pressure(step).price > 0.0:
+            return False
+        oldest_wait_s = max((step.now_s - r.arrival_s for r in step.waiting), default=0.0)
+        return oldest_wait_s <= self.params.min_fair_share_s
 
     # --- preemption: the newest non-last-step job first (its context is smallest) ----
 
