@@ -212,6 +212,37 @@ def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> No
     assert engine.free() == engine.start_free
 
 
+@pytest.mark.parametrize("answers_report_with_return", [False, True])
+def test_a_release_decided_before_the_job_came_back_keeps_the_pin(  # type: ignore[no-untyped-def]
+        engines, continuum, answers_report_with_return) -> None:
+    """The daemon decides on the report it last had; its answer lands a step later.
+    A release decided while the job was in its tool, landing after the job's next
+    turn arrived, would free the context that turn is about to reuse. The race
+    depends on step timing, so the crossing answer is handed to the agent directly."""
+    from sidecar.api.v1 import engine_session_pb2 as pb
+
+    engine = engines(continuum)
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    assert "t1" in engine.agent.pins
+    job_in_tool_seq = engine.agent.seq  # the daemon's view: the job is in its tool
+    engine.add("t2", context(2), job="agent", last=True)
+    engine.agent.flush()  # t2 reported: the daemon knows the job is back from here
+    answered = engine.agent.seq if answers_report_with_return else job_in_tool_seq
+    engine.agent._apply([pb.StepDecision(seq=answered, pins=[
+        pb.PinDecision(request_id="t1", action=pb.PIN_ACTION_RELEASE)])])
+
+    if answers_report_with_return:  # decided knowing t2 waits: the daemon's word
+        assert "t1" not in engine.agent.pins
+    else:
+        assert "t1" in engine.agent.pins, "kept: decided before the job came back"
+        assert engine.agent.stale_releases_kept == 1
+    engine.drain()
+    if not answers_report_with_return:
+        assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
 def test_adaptive_pins_while_memory_is_idle(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
     engine = engines(adaptive)
     engine.add("t1", context(1), job="agent", last=False)
