@@ -6,7 +6,11 @@ It holds no policy. Contracts:
 - every pinned block is released exactly once: by a daemon RELEASE, by its local
   bound, under allocation pressure, before ``reset_prefix_cache``, or at shutdown;
 - with the daemon slow, gone or restarting, scheduling is vLLM's (fail-open), pins
-  expire on their local bound, and the next connection starts with a snapshot.
+  expire on their local bound, and the next connection starts with a snapshot;
+- the daemon decides on the last report and its answer lands a step later: a RELEASE
+  of a job's newest pin answering a report older than the job's latest request is
+  not applied (the pin is announced again and the daemon re-decides knowing the job
+  is back), so a turn arriving mid-step still finds its context.
 
 The scheduler is duck-typed against vLLM 0.32/0.33's ``Scheduler``: ``requests``,
 ``running``, ``waiting`` / ``kv_holding_waiting`` (request queues), and

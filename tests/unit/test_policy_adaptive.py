@@ -151,16 +151,17 @@ def test_a_pin_whose_job_already_waits_is_kept(adaptive: Policy) -> None:
 
 
 def test_an_overdue_head_request_gets_the_blocks_it_needs(adaptive: Policy) -> None:
-    # Fair share: max(5 jobs x 11 ms, mean wait (5 + 0.1 + 0.1) / 3 s, 1 s) = 1.73 s;
-    # the new job has waited 5 s > 2 x 1.73 s and needs 10 blocks that only pins hold.
-    s = (step(now=15.0, total_blocks=100, free_blocks=0).times("ls", FAST)
-         .pin("p1", job="a", blocks=6, pinned_at=14.9, tool="ls")
-         .pin("p2", job="b", blocks=6, pinned_at=14.9, tool="ls")
+    # Fair share: max(5 jobs x 11 ms, mean wait (9 + 6 x 0.1) / 7 s, 1 s) = 1.37 s; no
+    # block free: the bound is 2 x (1 + full shortage) = 4 fair shares, 5.5 s. The new
+    # job has waited 9 s and needs 10 blocks that only pins hold.
+    s = (step(now=19.0, total_blocks=100, free_blocks=0).times("ls", FAST)
+         .pin("p1", job="a", blocks=6, pinned_at=18.9, tool="ls")
+         .pin("p2", job="b", blocks=6, pinned_at=18.9, tool="ls")
          .running("r", job="c", prompt=16)
          .waiting("new", job="d", arrive=10.0, prompt=160)
-         .waiting("e1", job="e", arrive=14.9, prompt=16)
-         .waiting("e2", job="e", arrive=14.9, prompt=16)
          .job("e", first_arrival=1.0))
+    for i in range(6):
+        s.waiting(f"e{i}", job="e", arrive=18.9, prompt=16)
     release = adaptive.release_under_pressure(s.build())
     assert sorted(release.request_ids) == ["p1", "p2"]
 
@@ -228,6 +229,16 @@ def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
     ordering = adaptive.order_waiting(_queue(now=20.0).build())
     assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
     assert "fair share" in ordering.reason
+
+
+def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
+    # The queue of test_a_request_past_its_fair_share_goes_first, but the waiting
+    # requests need 5 blocks and none is free: the bound doubles to 4 s, and the new
+    # job (4 s waited) is not yet overdue: admitting it would displace working sets.
+    s = _queue(now=20.0)
+    s.free_blocks = 0
+    ordering = adaptive.order_waiting(s.build())
+    assert list(ordering.request_ids) == ["old0", "old1", "old2", "old3", "starved"]
 
 
 def test_the_fair_share_grows_with_the_jobs_in_the_system(adaptive: Policy) -> None:
