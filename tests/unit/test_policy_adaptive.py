@@ -185,6 +185,22 @@ def test_a_request_that_does_not_fit_waits_for_running_ones_not_for_pins(
     assert adaptive.release_under_pressure(s.build()).request_ids == ()
 
 
+def test_an_idle_engine_takes_another_waiting_jobs_pin_rather_than_deadlock(
+        adaptive: Policy) -> None:
+    # Nothing runs and nothing fits: both pinned jobs' next turns wait, each needing
+    # blocks the other's pin holds. The head's job keeps its pin; the other job's goes
+    # (it is about to be used, so it goes last, but waiting on each other would only
+    # end at the engine's 60 s backstop).
+    s = (step(now=15.0, total_blocks=24, free_blocks=0).times("ls", FAST).stalled()
+         .pin("h1", job="h", blocks=12, pinned_at=14.8, tool="ls")
+         .pin("y1", job="y", blocks=12, pinned_at=14.8, tool="ls")
+         .waiting("head", job="h", arrive=14.9, prompt=240)
+         .waiting("y2", job="y", arrive=14.9, prompt=240)
+         .job("h", first_arrival=2.0).job("y", first_arrival=9.0))
+    assert adaptive.order_waiting(s.build()).request_ids[0] == "head"
+    assert adaptive.release_under_pressure(s.build()).request_ids == ("y1",)
+
+
 # --- admission: job-level order, bounded waiting --------------------------------------
 
 

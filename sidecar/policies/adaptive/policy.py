@@ -304,11 +304,16 @@ class AdaptivePolicy(NativePolicy):
             head_job, shortfall = head
             freed = sum(p.blocks for p in step.pins if p.request_id in set(released))
             # Pins of jobs in a tool, least valuable per block first (a pin whose job's
-            # next turn waits is about to be used).
+            # next turn waits is about to be used). An idle engine also takes the pins
+            # of other waiting jobs, last: when every pin's job waits and none fits,
+            # they would wait on each other until the engine's backstop (max_pin_s,
+            # 60 s) freed them (seen on the CPU engine with 24 blocks: 82 s a job).
+            idle = not step.running and step.kv.admission_stalled
             candidates = sorted(
                 (p for p in step.pins if p.request_id not in released
-                 and p.job_id != head_job and p.job_id not in waiting_jobs),
-                key=lambda p: (self._value(step, p, pressure.price).value_s / max(p.blocks, 1),
+                 and p.job_id != head_job and (idle or p.job_id not in waiting_jobs)),
+                key=lambda p: (p.job_id in waiting_jobs,
+                               self._value(step, p, pressure.price).value_s / max(p.blocks, 1),
                                p.request_id))
             for pin in candidates:
                 if freed >= shortfall:
