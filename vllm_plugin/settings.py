@@ -43,6 +43,13 @@ class PluginSettingsError(ValueError):
     pass
 
 
+def _priority(value: float) -> int:
+    if value > 100 or value != int(value):
+        raise PluginSettingsError(
+            f"{PREFIX}RETURNED_JOB_PRIORITY: expected an integer 0-100, got {value:g}")
+    return int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
     daemon_address: str = "127.0.0.1:50051"
@@ -53,6 +60,9 @@ class PluginSettings:
     provisional_pin_s: float = 2.0
     max_pin_s: float = 60.0
     pin_heartbeat_s: float = 0.100
+    # Retention priority of a pin released on a report older than its job's return
+    # (the blocks are freed, evicted after everything below it; see EngineAgent).
+    returned_job_priority: int = 90
     enabled: bool = True
     tls_ca_file: str = ""
     tls_cert_file: str = ""
@@ -108,6 +118,7 @@ class PluginSettings:
             provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),
             max_pin_s=number("MAX_PIN_S", 60.0),
             pin_heartbeat_s=number("PIN_HEARTBEAT_MS", 100.0) / 1000.0,
+            returned_job_priority=_priority(number("RETURNED_JOB_PRIORITY", 90.0)),
             enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),
             **tls_files,

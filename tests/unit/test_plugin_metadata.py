@@ -57,6 +57,7 @@ def test_settings_defaults_and_overrides() -> None:
     default = PluginSettings.from_env({})
     assert default.daemon_address == "127.0.0.1:50051" and default.deadline_s == 0.020
     assert not default.fail_closed and default.enabled and default.engine_id
+    assert default.returned_job_priority == 90
     custom = PluginSettings.from_env({
         "KVTETHER_PLUGIN_DAEMON_ADDRESS": "unix:/run/k.sock",
         "KVTETHER_PLUGIN_DEADLINE_MS": "2.5",
@@ -71,7 +72,9 @@ def test_settings_defaults_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("DEADLINE_MS", "fast"), ("DEADLINE_MS", "-1"), ("FAIL_MODE", "sideways"),
-     ("ENABLED", "maybe"), ("DAEMON_ADDRESS", ""), ("MAX_PIN_S", "nan")],
+     ("ENABLED", "maybe"), ("DAEMON_ADDRESS", ""), ("MAX_PIN_S", "nan"),
+     ("RETURNED_JOB_PRIORITY", "101"), ("RETURNED_JOB_PRIORITY", "50.5"),
+     ("RETURNED_JOB_PRIORITY", "-1")],
 )
 def test_bad_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{name}"):
