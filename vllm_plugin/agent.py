@@ -486,7 +486,7 @@ class EngineAgent:
         keeping the pin instead (until the daemon re-decides) held memory the waiting
         turn could not yet use on a small cache, and every other request waited behind
         it (CPU engine, 24 blocks: 4.33 s a job against FCFS's 3.55 s; released soft,
-        3.58 s; the twin keeps most of the gain)."""
+        3.58 s with adaptive run alone; the twin keeps most of the gain)."""
         if self._job_reported_seq.get(pin.job_id, 0) <= answered_seq:
             return False
         return all(other.pinned_at_s <= pin.pinned_at_s for other in self.pins.values()
