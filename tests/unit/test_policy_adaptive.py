@@ -87,19 +87,22 @@ def test_idle_memory_pins_until_the_tool_is_surely_back(adaptive: Policy) -> Non
     assert slow.ttl_s == 16.0, "the shortest horizon by which every build is back"
 
 
+def _short_memory():  # type: ignore[no-untyped-def]
+    """No block free, one request running and one waiting for 100 blocks."""
+    return (step(now=10, total_blocks=1000, free_blocks=0)
+            .running("r1", job="a", prompt=1600)
+            .waiting("w1", job="b", prompt=1600))
+
+
 def test_short_memory_pins_a_fast_tool_for_a_short_horizon(adaptive: Policy) -> None:
-    s = (step(now=10, total_blocks=1000, free_blocks=0)
-         .running("r1", job="a", prompt=1600)
-         .waiting("w1", job="b", prompt=1600))
+    s = _short_memory()
     decision = adaptive.on_finish(s.finish("r1", tool="ls", samples_s=FAST, blocks=100))
     assert decision.action is RetainAction.PIN
     assert decision.ttl_s <= 1.0, "~0.1 s tool: a short pin gets nearly all the benefit"
 
 
 def test_short_memory_soft_retains_a_slow_tool(adaptive: Policy) -> None:
-    s = (step(now=10, total_blocks=1000, free_blocks=0)
-         .running("r1", job="a", prompt=1600)
-         .waiting("w1", job="b", prompt=1600))
+    s = _short_memory()
     decision = adaptive.on_finish(s.finish("r1", tool="make", samples_s=SLOW, blocks=100))
     assert decision.action is RetainAction.SOFT_RETAIN
     assert decision.retention_priority is not None

@@ -107,7 +107,9 @@ class _StepMemo:
     def __init__(self, step: StepView) -> None:
         self.step = step
         self.pressure: Pressure | None = None
-        self.order: tuple[list[RequestView], int] | None = None
+        # (waiting requests in admission order, how many are overdue, whether the
+        # engine keeps up and the order is arrival order)
+        self.order: tuple[list[RequestView], int, bool] | None = None
         self.values: dict[tuple[str, float], PinValue] = {}
         # Per pin: its tool's conditional outlook and where the distribution came from.
         self.outlooks: dict[str, tuple[Outlook, str]] = {}
@@ -142,8 +144,8 @@ class AdaptivePolicy(NativePolicy):
     # --- admission: overdue requests first, then job-level order --------------------
 
     def order_waiting(self, step: StepView) -> Ordering:
-        ordered, overdue = self._admission_order(step)
-        if self._keeping_up(step):
+        ordered, overdue, keeping_up = self._admission_order(step)
+        if keeping_up:
             return Ordering(tuple(r.request_id for r in ordered),
                             "adaptive: engine keeping up (memory idle, no wait past "
                             f"{self.params.min_fair_share_s:g} s): arrival order")
@@ -192,13 +194,14 @@ class AdaptivePolicy(NativePolicy):
             return multiple
         return multiple * (1.0 + self._pressure(step).price / self.params.memory_price)
 
-    def _admission_order(self, step: StepView) -> tuple[list[RequestView], int]:
+    def _admission_order(self, step: StepView) -> tuple[list[RequestView], int, bool]:
         memo = self._memo(step)
         if memo.order is None:
             memo.order = self._compute_admission_order(step)
         return memo.order
 
-    def _compute_admission_order(self, step: StepView) -> tuple[list[RequestView], int]:
+    def _compute_admission_order(self, step: StepView
+                                 ) -> tuple[list[RequestView], int, bool]:
         pinned_jobs = {p.job_id for p in step.pins}
         jobs_in_system = len({r.job_id for r in (*step.waiting, *step.running)} | pinned_jobs)
         total_wait_s = sum(step.now_s - r.arrival_s for r in step.waiting)
@@ -208,7 +211,7 @@ class AdaptivePolicy(NativePolicy):
         if self._keeping_up(step):
             # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
             ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
-            return ordered, len(overdue)
+            return ordered, len(overdue), True
         job_level = job_level_waiting_key(step)
 
         def key(request: RequestView) -> tuple[float, ...]:
@@ -220,7 +223,7 @@ class AdaptivePolicy(NativePolicy):
 
         # Ties (equal keys) are broken by request id: the order is total.
         ordered = sorted(sorted(step.waiting, key=lambda r: r.request_id), key=key)
-        return ordered, len(overdue)
+        return ordered, len(overdue), False
 
     def _keeping_up(self, step: StepView) -> bool:
         """The engine keeps up: memory is idle (the waiting requests fit in the free
@@ -341,7 +344,7 @@ class AdaptivePolicy(NativePolicy):
         against 64%)."""
         if not step.waiting:
             return None
-        ordered, overdue = self._admission_order(step)
+        ordered, overdue, _ = self._admission_order(step)
         idle = not step.running and step.kv.admission_stalled
         if not overdue and not idle:
             return None
