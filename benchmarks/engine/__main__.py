@@ -150,6 +150,45 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float]:
+    """What this engine's prefill and decode cost, timed on it: seconds per prompt token
+    (a 1,600-token prompt against a 16-token one, 1 output token, cold cache) and
+    seconds per decode step (49 output tokens against 1).
+
+    The policies' defaults describe Llama-3.1-8B on one GPU (1e-4 s per prompt token,
+    11 ms a step); the tiny model on 2 CPU cores prefills ~3.6x faster per token and
+    decodes ~4x faster per step, so a policy left at the defaults over-values a pin
+    (the context looks 3.6x dearer to recompute than it is) and holds blocks the next
+    request needs. A user sets the same parameters for their hardware."""
+
+    def median_s(prompt_tokens: int, output_tokens: int, tag: str) -> float:
+        timings = []
+        for index in range(repeats):
+            _reset_prefix_cache(base_url)
+            prompt = _tokens(f"measure:{tag}:{index}", prompt_tokens)
+            started = time.perf_counter()
+            api.completions.create(model="tiny", prompt=prompt, max_tokens=output_tokens,
+                                   extra_body={"ignore_eos": True})
+            timings.append(time.perf_counter() - started)
+        return statistics.median(timings)
+
+    median_s(100, 1, "warm-up")
+    short_s = median_s(16, 1, "short")
+    long_s = median_s(1600, 1, "long")
+    decode_s = median_s(16, 49, "decode")
+    return {"prefill_s_per_token": max(long_s - short_s, 0.0) / 1584,
+            "step_s": max(decode_s - short_s, 0.0) / 48}
+
+
+def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
+    """``KEY=VALUE`` for the measured constants the policy declares as parameters."""
+    from sidecar.policies.registry import policy_spec
+
+    fields = policy_spec(policy).params_model.model_fields
+    return [f"{name}={value:.4g}" for name, value in sorted(measured.items())
+            if name in fields and value > 0.0]
+
+
 def _reset_prefix_cache(base_url: str) -> None:
     request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -197,6 +236,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every policy this many times, order rotated each round")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--default-hardware", action="store_true",
+                        help="leave the policies' hardware constants (prefill_s_per_token, "
+                             "step_s) at their GPU defaults instead of measuring this engine")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     import openai
@@ -211,26 +253,33 @@ def main() -> int:
     model_dir = tiny_model_dir()
     daemon = DaemonController()
     policies = args.policies.split(",")
-    daemon.start(policies[0])
+    daemon.start("fcfs")  # never pins: the measurement's requests leave no blocks held
     port = free_port()
     log = args.out / "vllm.log"
     args.out.mkdir(parents=True, exist_ok=True)
     spec = EngineSpec(model_dir=model_dir, port=port, daemon_address=daemon.address,
                       num_blocks=args.blocks, engine_id="bench-engine",
-                      env={"VLLM_SERVER_DEV_MODE": "1"})
+                      # Tool waits idle a job's connection past uvicorn's 5 s keep-alive;
+                      # a request sent as the server closes it fails with a connection
+                      # error (seen once in 8 policy runs).
+                      env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "600"})
     process = start_engine(spec, log)
     base_url = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {}
+    measured: dict[str, float] = {}
     try:
         wait_healthy(base_url, process)
         api = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
                             timeout=600)
+        measured = {} if args.default_hardware else measure_engine(api, base_url)
+        if measured:
+            print("engine measured: " + ", ".join(f"{k}={v:.3g}" for k, v in measured.items()))
         turns = sum(len(job.turns) for job in workload.jobs)
         runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
         for round_index in range(args.rounds):
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
-                daemon.start(policy)
+                daemon.start(policy, *policy_params(policy, measured))
                 _reset_prefix_cache(base_url)
                 api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
@@ -257,6 +306,9 @@ def main() -> int:
                      "scale": args.scale, "time_scale": args.time_scale,
                      "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed,
                      "rounds": args.rounds},
+        # Passed to every policy that declares them (empty: the GPU defaults).
+        "engine_measured": measured,
+        "policy_params": {policy: policy_params(policy, measured) for policy in policies},
         "policies": results,
     }
     (args.out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")

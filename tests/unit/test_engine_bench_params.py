@@ -1,0 +1,33 @@
+"""The real-engine benchmark tells each policy the engine's measured costs, as a user
+would for their hardware: only the parameters the policy declares, valid for it."""
+
+from __future__ import annotations
+
+from benchmarks.engine.__main__ import policy_params
+from sidecar.policies.registry import build_policy, policy_parameters
+
+MEASURED = {"prefill_s_per_token": 2.7e-5, "step_s": 0.0021}
+
+
+def _as_dict(flags: list[str]) -> dict[str, str]:
+    return dict(flag.split("=", 1) for flag in flags)
+
+
+def test_each_policy_gets_only_the_constants_it_declares() -> None:
+    assert _as_dict(policy_params("adaptive", MEASURED)) == {
+        "prefill_s_per_token": "2.7e-05", "step_s": "0.0021"}
+    assert _as_dict(policy_params("continuum", MEASURED)) == {"prefill_s_per_token": "2.7e-05"}
+    assert policy_params("fcfs", MEASURED) == []
+
+
+def test_the_daemon_accepts_them_and_they_replace_the_gpu_defaults() -> None:
+    policy = build_policy("adaptive", _as_dict(policy_params("adaptive", MEASURED)))
+    effective = policy_parameters(policy)
+    assert effective["prefill_s_per_token"] == 2.7e-5
+    assert effective["step_s"] == 0.0021
+
+
+def test_a_failed_measurement_leaves_the_defaults() -> None:
+    assert policy_params("adaptive", {"prefill_s_per_token": 0.0, "step_s": 0.0021}) == [
+        "step_s=0.0021"]
+    assert policy_params("adaptive", {}) == []
