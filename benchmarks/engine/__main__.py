@@ -4,7 +4,11 @@ policy in turn on one engine (the daemon restarted with the next policy, the pre
 cache reset in between).
 
     .venv/bin/python -m benchmarks.engine [--jobs 24] [--jobs-per-s 1.5] [--policies ...]
-                                          [--rounds 3]
+                                          [--rounds 3] [--default-hardware]
+
+Before the runs it times the engine's prefill and decode step (:func:`measure_engine`)
+and passes them to every policy that declares ``prefill_s_per_token`` / ``step_s``,
+as a user sets them for their hardware; ``--default-hardware`` keeps the GPU defaults.
 
 With ``--rounds R`` every policy runs R times, the order rotated each round (so no
 policy always runs first, on a cold machine, or last); each figure is the mean of the
