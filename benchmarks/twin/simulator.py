@@ -336,7 +336,8 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
         result.pins_at_end = len(agent.pins)
         counters = agent.counters
         result.plugin_counters = {name: int(getattr(counters, name)) for name in
-                                  ("fallback_steps", "resyncs", "local_pin_expiries")}
+                                  ("fallback_steps", "resyncs", "local_pin_expiries",
+                                   "idle_pin_releases")}
         agent.release_all_pins()
     result.leaked_blocks = start_free - pool.get_num_free_blocks()
     result.wall_s = time.perf_counter() - started

@@ -197,6 +197,59 @@ def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -
     assert engine.free() == engine.start_free
 
 
+def test_an_idle_engine_does_not_wait_on_pins(engines) -> None:  # type: ignore[no-untyped-def]
+    # The daemon is gone (as it is, for a round trip, on a live engine): nothing runs
+    # and the pins leave too little free for the first waiting request. The engine
+    # releases them itself, one a step, instead of idling until their local bound.
+    with running_daemon("--policy", "continuum") as daemon:
+        engine = engines(daemon, num_blocks=24)
+        for job in ("a", "b"):
+            engine.add(f"{job}-1", [ord(job), *context(1, 8 * BLOCK)[1:]], job=job,
+                       last=False)
+            engine.drain()
+        assert sorted(engine.agent.pins) == ["a-1", "b-1"], "two jobs in a tool, pinned"
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait(timeout=10)
+        wait_until(lambda: not engine.agent.link.connected)
+        engine.add("c-1", [1800 + i for i in range(12 * BLOCK)], job="c", last=True)
+        assert engine.free() < 12
+        for _ in range(3):
+            engine.step()
+        assert "c-1" in engine.cached_tokens, "admitted within 3 steps"
+        # One pin gave way (first in the daemon's last pressure order); the other
+        # still serves its job.
+        assert engine.agent.counters.idle_pin_releases == 1
+        assert len(engine.agent.pins) == 1
+        kept = next(iter(engine.agent.pins.values())).job_id
+        engine.add(f"{kept}-2", [ord(kept), *context(2, 8 * BLOCK)[1:]], job=kept, last=True)
+        engine.drain()
+        assert engine.cached_tokens[f"{kept}-2"] >= 8 * BLOCK, "the kept pin served its job"
+        assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_a_stalled_engine_reports_the_stall_once_not_every_step(  # type: ignore[no-untyped-def]
+        engines, continuum) -> None:
+    engine = engines(continuum, num_blocks=24)
+    # More blocks than the cache has: never admitted, the engine spins on it.
+    engine.add("huge", [1800 + i for i in range(30 * BLOCK)], job=None, last=True)
+    engine.step()
+    assert engine.agent._admission_stalled
+    reports = engine.agent.seq
+    for _ in range(50):
+        engine.step()
+    assert engine.agent.seq - reports <= 1, "the daemon heard of the stall once"
+    engine.sched.finish_requests("huge", _finished_status("FINISHED_ABORTED"))
+    engine.step()
+    assert not engine.sched.has_unfinished_requests()
+    assert engine.free() == engine.start_free
+
+
+def _finished_status(name: str) -> Any:
+    from vllm.v1.request import RequestStatus
+
+    return RequestStatus[name]
+
+
 def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> None:  # type: ignore[no-untyped-def]
     engine = engines(continuum, num_blocks=48)
     for job in range(12):

@@ -147,14 +147,16 @@ class StepReport(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., now_s: _Optional[float] = ..., kv: _Optional[_Union[KvCapacity, _Mapping]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ..., released_pins: _Optional[_Iterable[str]] = ..., pins: _Optional[_Iterable[_Union[PinState, _Mapping]]] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ...) -> None: ...
 
 class EngineCounters(_message.Message):
-    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries")
+    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases")
     FALLBACK_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESYNCS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PIN_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
+    IDLE_PIN_RELEASES_FIELD_NUMBER: _ClassVar[int]
     fallback_steps: int
     resyncs: int
     local_pin_expiries: int
-    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ...) -> None: ...
+    idle_pin_releases: int
+    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ..., idle_pin_releases: _Optional[int] = ...) -> None: ...
 
 class PinDecision(_message.Message):
     __slots__ = ("request_id", "action", "expires_at_s", "retention_priority", "retention_duration_s")
