@@ -281,6 +281,63 @@ def test_the_fair_share_follows_a_backlog(adaptive: Policy) -> None:
     assert "fair share" not in ordering.reason
 
 
+# --- the price a pin pays: the recent average when memory flickers ---------------------
+
+
+def test_the_price_forecast_is_a_time_weighted_average() -> None:
+    from sidecar.policies.adaptive.forecast import PriceForecast
+
+    forecast = PriceForecast(window_s=10.0)
+    assert forecast.update("e", 0.0, 1.0) == 1.0, "short now: the current price"
+    # Short for 10 s (one time constant), then idle: 1 - e^-1 of the way to 1.
+    assert forecast.update("e", 10.0, 0.0) == pytest.approx(1.0 - math.exp(-1.0))
+    # Idle for another 10 s: decays by e^-1.
+    assert forecast.update("e", 20.0, 0.0) == pytest.approx(
+        (1.0 - math.exp(-1.0)) * math.exp(-1.0))
+    assert forecast.update("other", 20.0, 0.0) == 0.0, "each engine has its own"
+    assert forecast.update("e", 5.0, 0.0) == 0.0, "a clock gone back starts afresh"
+    assert PriceForecast(window_s=0.0).update("e", 30.0, 0.25) == 0.25
+
+
+def _flickering_small_cache(adaptive: Policy, short_s: float):  # type: ignore[no-untyped-def]
+    """A 24-block cache whose waiting requests found no block for ``short_s`` seconds
+    until 10 s; now memory is idle and a turn of a 3 s tool finishes holding 12 blocks
+    (1,536 tokens, re-computed in 43 ms at 2.8e-5 s/token)."""
+    s = step(now=10.0 - short_s, total_blocks=24, free_blocks=0).waiting("w", job="b",
+                                                                           prompt=1600)
+    adaptive.release_under_pressure(s.build())
+    s = (step(now=10.0, total_blocks=24, free_blocks=12).running("r1", job="a", prompt=1500)
+         .job("a", first_arrival=1.0))
+    return s.finish("r1", tool="grep", samples_s=[2.5, 3.0, 3.5, 3.0, 2.8], blocks=12)
+
+
+def test_a_pin_after_a_shortage_is_valued_at_the_recent_price() -> None:
+    cpu = {"prefill_s_per_token": 2.8e-5}
+    flickering = build_policy("adaptive", cpu)
+    decision = flickering.on_finish(_flickering_small_cache(flickering, short_s=5.0))
+    assert decision.action is RetainAction.SOFT_RETAIN, (
+        "half the cache for seconds, against 43 ms of prefill, while requests found "
+        "no block 5 s of the last 10: the next request would wait on it")
+    assert "price 0.39" in decision.reason
+    # Valued at the current (idle) price alone, the same pin looks free.
+    current = build_policy("adaptive", {**cpu, "price_window_s": 0.0})
+    assert current.on_finish(_flickering_small_cache(current, short_s=5.0)).action is (
+        RetainAction.PIN)
+
+
+def test_a_pin_that_takes_a_sliver_of_memory_survives_a_recent_shortage(
+        adaptive: Policy) -> None:
+    # The same recent shortage on a 5,402-block cache with the GPU defaults: 12
+    # blocks of 5,402 are worth holding for a 0.15 s re-compute.
+    s = step(now=5.0, total_blocks=5402, free_blocks=0).waiting("w", job="b", prompt=1600)
+    adaptive.release_under_pressure(s.build())
+    s = (step(now=10.0, total_blocks=5402, free_blocks=2000)
+         .running("r1", job="a", prompt=1500).job("a", first_arrival=1.0))
+    decision = adaptive.on_finish(
+        s.finish("r1", tool="grep", samples_s=[2.5, 3.0, 3.5, 3.0, 2.8], blocks=12))
+    assert decision.action is RetainAction.PIN
+
+
 # --- allocation failures: cheap pins give way, valuable ones make vLLM preempt --------
 
 

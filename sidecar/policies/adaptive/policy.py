@@ -26,6 +26,7 @@ from sidecar.framework.types import (
     StepView,
     ToolTimeDistribution,
 )
+from sidecar.policies.adaptive.forecast import PriceForecast
 from sidecar.policies.adaptive.value import (
     Outlook,
     PinValue,
@@ -72,6 +73,10 @@ class AdaptiveParams(PolicyParams):
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
     # Engine time of one step: ~11 ms for an 8B model on one GPU.
     step_s: float = Field(default=0.011, gt=0.0)
+    # Time constant of the average price of memory a pin is valued at (the larger of
+    # it and the current price: a pin pays the price of the seconds it holds memory,
+    # see forecast.py); 0 values pins at the current price alone.
+    price_window_s: float = Field(default=10.0, ge=0.0)
     # Retention priorities of released (non-last-step) contexts: from lowest (the
     # job is unlikely back soon) to highest; vLLM's own free blocks sit at 35.
     soft_retain_lowest: int = Field(default=36, ge=0, le=100)
@@ -102,11 +107,13 @@ class _StepMemo:
     with the same frozen step, so each is computed once per step (a re-valued pin
     set after releases is a new step object, and a new memo)."""
 
-    __slots__ = ("order", "outlooks", "pressure", "step", "values")
+    __slots__ = ("order", "outlooks", "pin_price", "pressure", "step", "values")
 
     def __init__(self, step: StepView) -> None:
         self.step = step
         self.pressure: Pressure | None = None
+        # The price pins are valued at: the forecast over the seconds they hold memory.
+        self.pin_price: float | None = None
         # (waiting requests in admission order, how many are overdue, whether the
         # engine keeps up and the order is arrival order)
         self.order: tuple[list[RequestView], int, bool] | None = None
@@ -127,6 +134,7 @@ class AdaptivePolicy(NativePolicy):
         self._valuation = Valuation(p.prefill_s_per_token, p.horizons_s,
                                     p.cold_start_probability, p.cold_start_horizon_s)
         self._local = threading.local()
+        self._forecast = PriceForecast(p.price_window_s)
 
     def _memo(self, step: StepView) -> _StepMemo:
         memo: _StepMemo | None = getattr(self._local, "memo", None)
@@ -140,6 +148,15 @@ class AdaptivePolicy(NativePolicy):
         if memo.pressure is None:
             memo.pressure = memory_pressure(step, self.params.memory_price)
         return memo.pressure
+
+    def _pin_price(self, step: StepView) -> float:
+        """The price a pin is valued at: the current price, or the recent average when
+        memory was short lately (the seconds a pin holds are priced by the forecast)."""
+        memo = self._memo(step)
+        if memo.pin_price is None:
+            memo.pin_price = self._forecast.update(step.engine_id, step.now_s,
+                                                   self._pressure(step).price)
+        return memo.pin_price
 
     # --- admission: overdue requests first, then job-level order --------------------
 
@@ -253,7 +270,7 @@ class AdaptivePolicy(NativePolicy):
             return RetainDecision.release(f"{self.name}: last step of the job",
                                           release_pins=superseded)
         step = finished.step
-        pressure = self._pressure(step)
+        price = self._pin_price(step)
         distribution, source = tool_distribution(
             finished.tool, finished.tool_times, finished.global_tool_times,
             self.params.min_samples)
@@ -263,20 +280,20 @@ class AdaptivePolicy(NativePolicy):
             context_tokens=request.prompt_tokens + finished.output_tokens,
             blocks=finished.blocks,
             total_blocks=step.kv.total_blocks,
-            price=pressure.price,
+            price=price,
             source=source,
         )
         if value.value_s > 0.0 and value.horizon_s > 0.0:
             return RetainDecision.pin(
                 value.horizon_s,
                 f"{self.name}: pin {value.horizon_s:g} s worth {value.value_s:.3g} s at "
-                f"memory price {pressure.price:.2f} ({value.source})",
+                f"memory price {price:.2f} ({value.source})",
                 release_pins=superseded)
         priority = self._soft_priority(value.p_return)
         return RetainDecision(
             RetainAction.SOFT_RETAIN,
             retention_priority=priority,
-            reason=f"{self.name}: no pin repays its memory at price {pressure.price:.2f} "
+            reason=f"{self.name}: no pin repays its memory at price {price:.2f} "
                    f"(P(back within {self.params.horizons_s[-1]:g} s)={value.p_return:.2f}, "
                    f"{value.source}): cached at priority {priority}",
             release_pins=superseded)
@@ -289,18 +306,18 @@ class AdaptivePolicy(NativePolicy):
         used and is not re-valued). Then, when the first request to admit is overdue
         or the engine idles, and it cannot fit, release the least valuable pins (never
         its own job's) until it fits."""
+        price = self._pin_price(step)  # every step, so the forecast sees idle ones too
         if not step.pins:
             return PinRelease((), "")
-        pressure = self._pressure(step)
         waiting_jobs = {r.job_id for r in step.waiting}
         pin_by_id = {pin.request_id: pin for pin in step.pins}
-        if pressure.price > 0.0:
+        if price > 0.0:
             released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
-                        and self._value(step, pin, pressure.price).value_s <= 0.0]
+                        and self._value(step, pin, price).value_s <= 0.0]
         else:  # memory idle: a pin costs nothing unless its job is not coming back
             released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
                         and self._p_return(step, pin) <= 0.0]
-        reason = f"adaptive: not worth its memory at price {pressure.price:.2f}"
+        reason = f"adaptive: not worth its memory at price {price:.2f}"
 
         head = self._forced_head(step)
         if head is not None:
@@ -316,7 +333,7 @@ class AdaptivePolicy(NativePolicy):
                 (p for p in step.pins if p.request_id not in released
                  and p.job_id != head_job and (idle or p.job_id not in waiting_jobs)),
                 key=lambda p: (p.job_id in waiting_jobs,
-                               self._value(step, p, pressure.price).value_s / max(p.blocks, 1),
+                               self._value(step, p, price).value_s / max(p.blocks, 1),
                                p.request_id))
             for pin in candidates:
                 if freed >= shortfall:

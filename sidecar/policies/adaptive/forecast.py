@@ -1,0 +1,56 @@
+"""The price of memory over the next seconds, forecast from its recent past.
+
+A pin decided now holds its blocks for seconds; the price it pays is the price over
+those seconds, not the one at the step it was decided. Where memory flickers between
+idle and short — a small cache that fits a context or two, requests arriving every
+few hundred milliseconds — the price at any one step is usually 0, and a pin valued
+at it looks free until the next request arrives and waits on it. The best forecast
+of the price over the next seconds is its recent average: an exponential average over
+time, each step's price weighted by how long it lasted.
+
+The one piece of state in ``adaptive``: per engine, three floats. A daemon restart
+starts it at 0 (memory assumed idle until a step says otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Average:
+    value: float  # the average up to at_s
+    price: float  # the price from at_s on, until the next step
+    at_s: float
+
+
+class PriceForecast:
+    """Per engine, the time-weighted exponential average of the price of memory,
+    with a time constant of ``window_s`` (0: no memory, the current price only)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._engines: dict[str, _Average] = {}
+        self._lock = threading.Lock()
+
+    def update(self, engine_id: str, now_s: float, price: float) -> float:
+        """Record the price seen at ``now_s``; answer the forecast for the seconds
+        ahead: the larger of the current price and the recent average."""
+        if self.window_s <= 0.0:
+            return price
+        with self._lock:
+            average = self._engines.get(engine_id)
+            if average is None or now_s < average.at_s:
+                # First step, or a clock that went back (an engine restarted under the
+                # same id): no past to average.
+                average = self._engines[engine_id] = _Average(0.0, price, now_s)
+            elapsed_s = now_s - average.at_s
+            if elapsed_s > 0.0:
+                # The previous price held from at_s until now.
+                kept = math.exp(-elapsed_s / self.window_s)
+                average.value = kept * average.value + (1.0 - kept) * average.price
+                average.at_s = now_s
+            average.price = price
+            return max(price, average.value)
