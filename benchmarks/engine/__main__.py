@@ -137,12 +137,37 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
     }
 
 
+class DaemonLoad:
+    """What the daemon cost during one policy's run: the step reports it decided and
+    its CPU seconds. On a 2-core machine every second of it is taken from the engine
+    (a report per idle spin once cost 10 s a round: see the README)."""
+
+    def __init__(self, pid: int, metrics_url: str) -> None:
+        import psutil
+
+        self.process = psutil.Process(pid)
+        self.metrics_url = metrics_url
+        self.started = self._now()
+
+    def _now(self) -> tuple[float, float]:
+        from vllm_plugin.launch import scrape
+
+        cpu = self.process.cpu_times()
+        reports = scrape(self.metrics_url).get("kvtether_step_reports_total", 0.0)
+        return reports, cpu.user + cpu.system
+
+    def delta(self) -> dict[str, float]:
+        reports, cpu_s = self._now()
+        return {"daemon_reports": reports - self.started[0],
+                "daemon_cpu_s": cpu_s - self.started[1]}
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One policy's rounds: the mean of each figure, the spread of the average job
     duration, and every round's raw result."""
     scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
                "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
-               "kv_usage_max")
+               "kv_usage_max", "daemon_reports", "daemon_cpu_s")
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
         else None
@@ -255,7 +280,8 @@ def main() -> int:
 
     workload = generate(args.workload, args.jobs_per_s, seed=args.seed, num_jobs=args.jobs)
     model_dir = tiny_model_dir()
-    daemon = DaemonController()
+    daemon_metrics_port = free_port()
+    daemon = DaemonController("--metrics-port", str(daemon_metrics_port))
     policies = args.policies.split(",")
     daemon.start("fcfs")  # never pins: the measurement's requests leave no blocks held
     port = free_port()
@@ -286,11 +312,13 @@ def main() -> int:
                 daemon.start(policy, *policy_params(policy, measured))
                 _reset_prefix_cache(base_url)
                 api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
+                assert daemon.process is not None
+                load = DaemonLoad(daemon.process.pid, f"http://127.0.0.1:{daemon_metrics_port}")
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
-                    runs[policy].append(run_policy(api, base_url, workload, args.scale,
-                                                   args.time_scale, args.max_output,
-                                                   progress))
+                    run = run_policy(api, base_url, workload, args.scale, args.time_scale,
+                                     args.max_output, progress)
+                runs[policy].append({**run, **load.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
     finally:
         process.terminate()
@@ -319,13 +347,14 @@ def main() -> int:
     _plot(result, args.out / "engine.png")
     base = results.get("fcfs")
     print(f"\n{'policy':<13}{'avg job s':>10}{'range s':>14}{'p95 s':>8}{'vs fcfs':>9}"
-          f"{'hit rate':>10}{'preempt':>9}")
+          f"{'hit rate':>10}{'preempt':>9}{'reports':>9}{'daemon cpu':>11}")
     for policy, run in results.items():
         ratio = base["avg_job_duration_s"] / run["avg_job_duration_s"] if base else 1.0
         low, high = run["avg_job_duration_s_range"]
         print(f"{policy:<13}{run['avg_job_duration_s']:>10.2f}{f'{low:.2f}-{high:.2f}':>14}"
               f"{run['p95_job_duration_s']:>8.2f}{ratio:>8.2f}x"
-              f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}")
+              f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}"
+              f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s")
     print(f"\nwrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
     return 0
 
