@@ -418,8 +418,8 @@ class EngineAgent:
         # millisecond: it reports the stall when it begins and ends, not every step.
         # (Every step flooded the daemon with reports it decided in turn, the answer
         # that freed the engine queued behind them, and the daemon took the CPU the
-        # engine needed: 18,600 reports in an 82 s round on the CPU engine, 86%
-        # of them stalled spins.)
+        # engine needed: up to 18,600 reports in an 82 s round on the CPU engine; in
+        # a round of 4,514, 88% were stalled spins.)
         changed = bool(self._new or self._events or self._released
                        or kv.free_blocks != self._last_free_blocks
                        or kv.admission_stalled != self._last_stalled)
