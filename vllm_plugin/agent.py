@@ -598,8 +598,8 @@ class EngineAgent:
         head = _peek(self.sched.waiting) or _peek(getattr(self.sched, "kv_holding_waiting", None))
         if head is None or getattr(head.status, "name", "") not in ("WAITING", "PREEMPTED"):
             return False
-        head_job = (self.metadata.get(head.request_id) or RequestMetadata()).job_id
-        waiting_jobs = {(self.metadata.get(r.request_id) or RequestMetadata()).job_id
+        head_job = self._job_of(head.request_id)
+        waiting_jobs = {self._job_of(r.request_id)
                         for r in (*self.sched.waiting,
                                   *getattr(self.sched, "kv_holding_waiting", ()))}
         ranked = {request_id: rank for rank, request_id in enumerate(self._pressure_order)}
@@ -611,6 +611,10 @@ class EngineAgent:
         self.counters.idle_pin_releases += 1
         self._release(pin, local=True)
         return True
+
+    def _job_of(self, request_id: str) -> str:
+        meta = self.metadata.get(request_id)
+        return meta.job_id if meta is not None else ""
 
     def _pins_may_give_way(self) -> bool:
         """Whether a failed allocation this step could release a pin: only then is the
