@@ -243,8 +243,8 @@ def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
 
 
 def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
-    # 3 jobs: round robin 33 ms; mean wait (4 + 4 x 0.1) / 5 = 0.88 s: fair share
-    # 1 s (the least), bound 2 s < 4 s waited.
+    # No admission seen yet: the fair share is the least (1 s), the bound 2 s < 4 s
+    # waited.
     ordering = adaptive.order_waiting(_queue(now=20.0).build())
     assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
     assert "fair share" in ordering.reason
@@ -260,25 +260,64 @@ def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
     assert list(ordering.request_ids) == ["old0", "old1", "old2", "old3", "starved"]
 
 
-def test_the_fair_share_grows_with_the_jobs_in_the_system(adaptive: Policy) -> None:
-    crowded = _queue(now=20.0)
-    for i in range(400):
-        crowded.running(f"r{i}", job=f"x{i}")
-    # 403 jobs x 11 ms = 4.4 s fair share, bound 8.9 s > 4 s waited: job order holds.
-    assert adaptive.order_waiting(crowded.build()).request_ids[0] == "old0"
+def _admitting(policy: Policy, per_s: float, until_s: float) -> None:
+    """Steps every 0.1 s for a minute up to ``until_s`` in which the engine admits
+    ``per_s`` requests a second (each runs one step)."""
+    admitted = 0.0
+    for tick in range(600):
+        now = until_s - 60.0 + 0.1 * tick
+        s = step(now=now)
+        admitted += per_s * 0.1
+        for i in range(int(admitted)):
+            s.running(f"adm{tick}-{i}", job=f"done{tick}-{i}")
+        admitted -= int(admitted)
+        policy.order_waiting(s.build())
 
 
-def test_the_fair_share_follows_a_backlog(adaptive: Policy) -> None:
-    # Overloaded: 81 new jobs have waited 20..100 s (mean ~59 s), so even the oldest
-    # is within 2x its fair share and job order holds: forcing them in
-    # would evict the working sets of the jobs in flight.
-    s = step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+def _backlog(now: float):  # type: ignore[no-untyped-def]
+    """Overloaded: 81 new jobs have waited 20..100 s behind a turn of a job in flight."""
+    s = step(now=now).running("r", job="x").waiting("cont", job="o", arrive=now - 0.1)
     for i in range(20, 101):
-        s.waiting(f"new{i}", job=f"n{i}", arrive=200.0 - i).job(f"n{i}", 200.0 - i)
-    s.job("o", first_arrival=1.0, turns=3)
-    ordering = adaptive.order_waiting(s.build())
+        s.waiting(f"new{i}", job=f"n{i}", arrive=now - i).job(f"n{i}", now - i)
+    return s.job("o", first_arrival=1.0, turns=3)
+
+
+def test_the_fair_share_is_the_wait_arrival_order_would_give() -> None:
+    # 82 requests wait. An engine admitting 10 a second would hold each ~8 s in
+    # arrival order: the new job that waited 100 s is far past 2 fair shares.
+    fast = build_policy("adaptive", {})
+    _admitting(fast, per_s=10.0, until_s=200.0)
+    ordering = fast.order_waiting(_backlog(now=200.0).build())
+    assert list(ordering.request_ids[:2]) == ["new100", "new99"]
+    assert "fair share" in ordering.reason
+    # The same queue on an engine admitting 0.5 a second: arrival order would hold
+    # each ~164 s, so 100 s is within the bound and the job in flight goes first
+    # (forcing the new jobs in would evict the working sets of the jobs in flight).
+    slow = build_policy("adaptive", {})
+    _admitting(slow, per_s=0.5, until_s=200.0)
+    ordering = slow.order_waiting(_backlog(now=200.0).build())
     assert ordering.request_ids[0] == "cont"
     assert "fair share" not in ordering.reason
+
+
+def test_the_admission_rate_is_a_time_average_per_engine() -> None:
+    from sidecar.policies.adaptive.forecast import AdmissionRate
+
+    rate = AdmissionRate(window_s=10.0)
+    assert rate.update("e", 0.0, frozenset()) == 0.0, "no past: unknown"
+    running: frozenset[str] = frozenset()
+    for tick in range(1, 1001):  # 2 admissions a second for 100 s (ten windows)
+        if tick % 5 == 0:
+            running = frozenset({f"r{tick}"})
+        per_s = rate.update("e", tick * 0.1, running)
+    assert per_s == pytest.approx(2.0, rel=0.05)
+    assert rate.update("e", 100.0, running) == per_s, "a step seen twice adds nothing"
+    assert rate.update("e", 110.0, running) == pytest.approx(per_s * math.exp(-1.0)), (
+        "nothing admitted for one window: decays by e^-1")
+    assert rate.update("other", 110.0, frozenset({"x"})) == 0.0, "each engine its own"
+    assert rate.update("e", 5.0, running) == 0.0, "a clock gone back starts afresh"
+    with pytest.raises(ValueError, match="window_s"):
+        AdmissionRate(window_s=0.0)
 
 
 # --- the price a pin pays: the recent average when memory flickers ---------------------
@@ -361,6 +400,7 @@ def test_only_pins_worth_less_than_the_victim_give_way(adaptive: Policy) -> None
         ({"horizons_s": []}, "at least one horizon"),
         ({"soft_retain_lowest": 80, "soft_retain_highest": 40}, "soft_retain_lowest 80 >"),
         ({"fair_share_multiple": 0}, "fair_share_multiple"),
+        ({"admission_window_s": 0}, "admission_window_s"),
         ({"memory_pryce": 1.0}, "memory_pryce"),
     ],
 )

@@ -1,4 +1,7 @@
-"""The price of memory over the next seconds, forecast from its recent past.
+"""What ``adaptive`` remembers of an engine's recent past: the price of memory, and
+the rate at which the engine admits requests.
+
+The price of memory over the next seconds, forecast from its recent past.
 
 A pin decided now holds its blocks for seconds; the price it pays is the price over
 those seconds, not the one at the step it was decided. Where memory flickers between
@@ -8,8 +11,13 @@ at it looks free until the next request arrives and waits on it. The best foreca
 of the price over the next seconds is its recent average: an exponential average over
 time, each step's price weighted by how long it lasted.
 
-The one piece of state in ``adaptive``: per engine, three floats. A daemon restart
-starts it at 0 (memory assumed idle until a step says otherwise).
+The admission rate sets the bound on waiting (policy.py, ``fair_share_s``): by Little's
+law a queue of L requests that the engine admits at λ a second holds each for L / λ
+seconds in arrival order, so that is the wait FCFS would give a request now.
+
+The only state in ``adaptive``: per engine, three floats for the price; two floats and
+the ids of the running requests for the rate. A daemon restart starts both at 0
+(memory assumed idle, the rate unknown, until steps say otherwise).
 """
 
 from __future__ import annotations
@@ -54,3 +62,41 @@ class PriceForecast:
                 average.at_s = now_s
             average.price = price
             return max(price, average.value)
+
+
+@dataclass(slots=True)
+class _Rate:
+    per_s: float  # the average rate up to at_s
+    at_s: float
+    running: frozenset[str]  # the running requests at at_s
+
+
+class AdmissionRate:
+    """Per engine, the requests admitted per second, averaged over time with a time
+    constant of ``window_s``. A request is admitted when it first shows among the
+    running ones, so steps the policy does not see (the plugin reports a stall once)
+    lose no admission, and a step seen twice counts none twice."""
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0.0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.window_s = window_s
+        self._engines: dict[str, _Rate] = {}
+        self._lock = threading.Lock()
+
+    def update(self, engine_id: str, now_s: float, running_ids: frozenset[str]) -> float:
+        """Record the running requests seen at ``now_s``; answer the rate (1/s)."""
+        with self._lock:
+            rate = self._engines.get(engine_id)
+            if rate is None or now_s < rate.at_s:
+                # First step, or a clock that went back: the rate is unknown (0).
+                self._engines[engine_id] = _Rate(0.0, now_s, running_ids)
+                return 0.0
+            admitted = len(running_ids - rate.running)
+            # The past decays over the elapsed time; each admission adds 1 / window_s,
+            # so a steady λ a second averages to λ.
+            kept = math.exp(-(now_s - rate.at_s) / self.window_s)
+            rate.per_s = kept * rate.per_s + admitted / self.window_s
+            rate.at_s = now_s
+            rate.running = running_ids
+            return rate.per_s
