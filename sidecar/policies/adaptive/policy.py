@@ -195,6 +195,8 @@ class AdaptivePolicy(NativePolicy):
         s). With L / λ: 7.6 s there; jobs sharing nothing, 8 jobs/s, 9,000 blocks:
         117 s against 276 s (FCFS 192 s), at 211 s a job against 178 s (continuum
         224 s)."""
+        # Every step passes here (order_waiting is asked every step): it also records
+        # the step's running requests, from which the rate counts admissions.
         rate_per_s = self._admissions.update(
             step.engine_id, step.now_s, frozenset(r.request_id for r in step.running))
         little_s = len(step.waiting) / rate_per_s if rate_per_s > 0.0 else 0.0
