@@ -300,6 +300,55 @@ def test_the_fair_share_is_the_wait_arrival_order_would_give() -> None:
     assert "fair share" not in ordering.reason
 
 
+def test_a_request_arrival_order_would_have_admitted_long_ago_goes_first() -> None:
+    # A new job's request arrives at 100 s; the engine goes on admitting, at 0.5 a
+    # second, turns of jobs that arrived after it. Arrival order would have admitted
+    # it at the first of them (~102 s): its fair share is the least, 1 s. At 200 s
+    # 82 requests wait, so L / lambda alone (~164 s) would hold it 330 s more; it has
+    # waited 100 s, past 2 fair shares, and goes first.
+    policy = build_policy("adaptive", {})
+    admitted = 0.0
+    for tick in range(1001):
+        now = 100.0 + 0.1 * tick
+        s = step(now=now).waiting("late", job="n", arrive=100.0).job("n", first_arrival=100.0)
+        admitted += 0.05
+        if admitted >= 1.0:
+            s.running(f"turn{tick}", job=f"o{tick}", arrive=now - 0.05)
+            admitted -= 1.0
+        if tick < 1000:
+            policy.order_waiting(s.build())
+    backlog = _backlog(now=200.0).waiting("late", job="n", arrive=100.0)
+    ordering = policy.order_waiting(backlog.job("n", first_arrival=100.0).build())
+    assert ordering.request_ids[0] == "late"
+    assert "fair share" in ordering.reason
+
+
+def test_the_arrival_order_clock_admits_in_arrival_order_what_the_engine_admitted() -> None:
+    from sidecar.policies.adaptive.forecast import ArrivalOrderClock
+
+    clock = ArrivalOrderClock()
+
+    def seen(now: float, waiting: tuple[str, ...], running: tuple[str, ...]) -> dict[str, float]:
+        s = step(now=now)
+        for rid in waiting:
+            s.waiting(rid, job=rid, arrive=float(rid[1:]))
+        for rid in running:
+            s.running(rid, job=rid, arrive=float(rid[1:]))
+        view = s.build()
+        return dict(clock.update("e", now, view.waiting, view.running))
+
+    assert seen(1.0, ("a1", "b2", "c3"), ()) == {}, "nothing admitted: nobody due"
+    # The engine admits c (the newest): arrival order would have admitted a.
+    assert seen(4.0, ("a1", "b2"), ("c3",)) == {"a1": 4.0}
+    assert seen(4.0, ("a1", "b2"), ("c3",)) == {"a1": 4.0}, "a step seen twice: the same"
+    # b is aborted while waiting: it leaves the queue, and c is next in arrival order.
+    assert seen(5.0, ("a1",), ("c3", "d6")) == {"a1": 4.0, "c3": 5.0}
+    # c finishes; a re-admission after a preemption is not a new admission.
+    assert seen(7.0, ("d6",), ("a1",)) == {"a1": 4.0, "d6": 7.0}
+    assert seen(8.0, ("a1",), ("d6",)) == {"a1": 4.0, "d6": 7.0}
+    assert clock.update("e", 2.0, (), ()) == {}, "a clock gone back starts afresh"
+
+
 def test_the_admission_rate_is_a_time_average_per_engine() -> None:
     from sidecar.policies.adaptive.forecast import AdmissionRate
 

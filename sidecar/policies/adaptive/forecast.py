@@ -1,5 +1,6 @@
-"""What ``adaptive`` remembers of an engine's recent past: the price of memory, and
-the rate at which the engine admits requests.
+"""What ``adaptive`` remembers of an engine's recent past: the price of memory, the
+rate at which the engine admits requests, and when arrival order would have admitted
+each request waiting now.
 
 The price of memory over the next seconds, forecast from its recent past.
 
@@ -11,20 +12,28 @@ at it looks free until the next request arrives and waits on it. The best foreca
 of the price over the next seconds is its recent average: an exponential average over
 time, each step's price weighted by how long it lasted.
 
-The admission rate sets the bound on waiting (policy.py, ``fair_share_s``): by Little's
-law a queue of L requests that the engine admits at λ a second holds each for L / λ
-seconds in arrival order, so that is the wait FCFS would give a request now.
+The last two set the bound on waiting (policy.py, ``fair_shares_s``). By Little's law
+a queue of L requests that the engine admits at λ a second holds each for L / λ seconds
+in arrival order: the wait FCFS would give a request arriving now. For a request that
+has waited a while, the arrival-order clock says when FCFS would have admitted it,
+had the engine admitted the same number of requests it did.
 
 The only state in ``adaptive``: per engine, three floats for the price; two floats and
-the ids of the running requests for the rate. A daemon restart starts both at 0
-(memory assumed idle, the rate unknown, until steps say otherwise).
+the ids of the running requests for the rate; the ids of the live requests, with a
+number or a time each, for the clock. A daemon restart starts them afresh (memory
+assumed idle, the rate unknown, no request yet due under arrival order, until steps
+say otherwise).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sidecar.framework.types import RequestView
 
 
 @dataclass(slots=True)
@@ -100,3 +109,75 @@ class AdmissionRate:
             rate.at_s = now_s
             rate.running = running_ids
             return rate.per_s
+
+
+@dataclass(slots=True)
+class _Clock:
+    at_s: float
+    # Requests waiting or running at the last step (a request absent from it is new).
+    live: set[str] = field(default_factory=set)
+    # Live requests the engine has admitted at least once (a re-admission after a
+    # preemption is not a new admission).
+    admitted: set[str] = field(default_factory=set)
+    # Requests in arrival order that arrival order has not admitted yet.
+    queue: deque[str] = field(default_factory=deque)
+    # Admissions the engine made that arrival order has not matched yet.
+    unmatched: int = 0
+    # Live requests arrival order has admitted: when it did.
+    due_at_s: dict[str, float] = field(default_factory=dict)
+
+
+class ArrivalOrderClock:
+    """Per engine, when FCFS would have admitted each live request: a virtual FCFS
+    that admits, in arrival order, as many requests as the engine really admitted.
+
+    Requests join the virtual queue in arrival order as they first show (waiting or
+    running); each admission the engine makes, whichever request it picks, admits
+    the head of the virtual queue. A request is *due* at the step the virtual FCFS
+    admits it, and its arrival-order wait is that step minus its arrival. Unlike
+    ``L / λ`` (the wait of a request arriving now) that wait is fixed once the
+    request is due: it does not grow with a backlog that built after it arrived.
+    Admissions are counted from the running requests, as in ``AdmissionRate``: a
+    step seen twice changes nothing, and steps the policy does not see lose none."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, _Clock] = {}
+        self._lock = threading.Lock()
+
+    def update(self, engine_id: str, now_s: float, waiting: Iterable[RequestView],
+               running: Iterable[RequestView]) -> Mapping[str, float]:
+        """Record the step seen at ``now_s``; answer, for the live requests that
+        arrival order would have admitted by now, the time it did (a read-only view,
+        valid until the next update)."""
+        waiting, running = tuple(waiting), tuple(running)
+        with self._lock:
+            clock = self._engines.get(engine_id)
+            if clock is None or now_s < clock.at_s:
+                # First step, or a clock that went back (engine restarted): afresh.
+                clock = self._engines[engine_id] = _Clock(now_s)
+            live = {r.request_id for r in waiting}
+            live.update(r.request_id for r in running)
+            arrived = sorted((r for r in (*waiting, *running) if r.request_id not in clock.live),
+                             key=lambda r: (r.arrival_s, r.request_id))
+            clock.queue.extend(r.request_id for r in arrived)
+            for request in running:
+                if request.request_id not in clock.admitted:
+                    clock.admitted.add(request.request_id)
+                    clock.unmatched += 1
+            for gone in clock.live - live:
+                if gone not in clock.admitted and gone not in clock.due_at_s:
+                    # Aborted before arrival order reached it: it leaves the virtual
+                    # queue too (rare, so the linear removal is fine).
+                    clock.queue.remove(gone)
+                clock.admitted.discard(gone)
+                clock.due_at_s.pop(gone, None)
+            while clock.unmatched > 0 and clock.queue:
+                # A request admitted out of order and gone since still takes its
+                # turn here: arrival order would have admitted it then.
+                request_id = clock.queue.popleft()
+                clock.unmatched -= 1
+                if request_id in live:
+                    clock.due_at_s[request_id] = now_s
+            clock.live = live
+            clock.at_s = now_s
+            return clock.due_at_s

@@ -26,7 +26,11 @@ from sidecar.framework.types import (
     StepView,
     ToolTimeDistribution,
 )
-from sidecar.policies.adaptive.forecast import AdmissionRate, PriceForecast
+from sidecar.policies.adaptive.forecast import (
+    AdmissionRate,
+    ArrivalOrderClock,
+    PriceForecast,
+)
 from sidecar.policies.adaptive.value import (
     Outlook,
     PinValue,
@@ -67,7 +71,7 @@ class AdaptiveParams(PolicyParams):
     cold_start_probability: float = Field(default=0.5, ge=0.0, le=1.0)
     cold_start_horizon_s: float = Field(default=2.0, ge=0.0)
     # Bound on waiting: a request waiting more than this multiple of its fair share
-    # (the wait arrival order would give it, see AdaptivePolicy.fair_share_s; at least
+    # (the wait arrival order would give it, see AdaptivePolicy.fair_shares_s; at least
     # min_fair_share_s) is admitted before any other, oldest first, and pins give way.
     fair_share_multiple: float = Field(default=2.0, gt=0.0)
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
@@ -140,6 +144,7 @@ class AdaptivePolicy(NativePolicy):
         self._local = threading.local()
         self._forecast = PriceForecast(p.price_window_s)
         self._admissions = AdmissionRate(p.admission_window_s)
+        self._arrival_order = ArrivalOrderClock()
 
     def _memo(self, step: StepView) -> _StepMemo:
         memo: _StepMemo | None = getattr(self._local, "memo", None)
@@ -195,12 +200,39 @@ class AdaptivePolicy(NativePolicy):
         s). With L / λ: 7.6 s there; jobs sharing nothing, 8 jobs/s, 9,000 blocks:
         117 s against 276 s (FCFS 192 s), at 211 s a job against 178 s (continuum
         224 s)."""
-        # Every step passes here (order_waiting is asked every step): it also records
-        # the step's running requests, from which the rate counts admissions.
+        # Called every step (fair_shares_s): it records the step's running requests,
+        # from which the rate counts admissions.
         rate_per_s = self._admissions.update(
             step.engine_id, step.now_s, frozenset(r.request_id for r in step.running))
         little_s = len(step.waiting) / rate_per_s if rate_per_s > 0.0 else 0.0
         return max(little_s, self.params.min_fair_share_s)
+
+    def fair_shares_s(self, step: StepView) -> dict[str, float]:
+        """Each waiting request's fair share of waiting: the lesser of the wait
+        arrival order gives a request arriving now (``fair_share_s``, ``L / λ``) and,
+        once arrival order would have admitted this one, the wait it would have given
+        it (``ArrivalOrderClock``); at least ``min_fair_share_s``.
+
+        ``L / λ`` alone runs away while a backlog builds: the queue grows and the
+        rate falls, so the bound on an old request grew faster than the request aged
+        and never fired (twin, 11-turn jobs, 8 jobs/s, 5,402 blocks: the bound rose
+        from 36 to 97 s while the oldest request aged from 19 to 47 s; maximum TTFT
+        75 s against FCFS's 52 s). The wait arrival order would have given the
+        request is fixed once due. Either one alone was measured (README)."""
+        # Every step passes here (order_waiting is asked every step): both forecasts
+        # are fed the step's requests.
+        now_share_s = self.fair_share_s(step)
+        due_at_s = self._arrival_order.update(step.engine_id, step.now_s,
+                                              step.waiting, step.running)
+        least_s = self.params.min_fair_share_s
+        shares = {}
+        for request in step.waiting:
+            share_s = now_share_s
+            due_s = due_at_s.get(request.request_id)
+            if due_s is not None:
+                share_s = min(share_s, max(due_s - request.arrival_s, least_s))
+            shares[request.request_id] = share_s
+        return shares
 
     def overdue_multiple(self, step: StepView) -> float:
         """How many fair shares a request waits before it goes first:
@@ -226,8 +258,10 @@ class AdaptivePolicy(NativePolicy):
 
     def _compute_admission_order(self, step: StepView
                                  ) -> tuple[list[RequestView], int, bool]:
-        limit_s = self.overdue_multiple(step) * self.fair_share_s(step)
-        overdue = {r.request_id for r in step.waiting if step.now_s - r.arrival_s > limit_s}
+        arrivals = {r.request_id: r.arrival_s for r in step.waiting}
+        multiple = self.overdue_multiple(step)
+        overdue = {request_id for request_id, share_s in self.fair_shares_s(step).items()
+                   if step.now_s - arrivals[request_id] > multiple * share_s}
         if self._keeping_up(step):
             # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
             ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
