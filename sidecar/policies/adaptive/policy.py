@@ -258,10 +258,10 @@ class AdaptivePolicy(NativePolicy):
 
     def _compute_admission_order(self, step: StepView
                                  ) -> tuple[list[RequestView], int, bool]:
-        arrivals = {r.request_id: r.arrival_s for r in step.waiting}
         multiple = self.overdue_multiple(step)
-        overdue = {request_id for request_id, share_s in self.fair_shares_s(step).items()
-                   if step.now_s - arrivals[request_id] > multiple * share_s}
+        shares_s = self.fair_shares_s(step)
+        overdue = {r.request_id for r in step.waiting
+                   if step.now_s - r.arrival_s > multiple * shares_s[r.request_id]}
         if self._keeping_up(step):
             # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
             ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
