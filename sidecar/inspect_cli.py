@@ -69,10 +69,16 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
     if args.what == "policy":
         policy = stub.GetPolicy(pb.GetPolicyRequest(), timeout=timeout_s)
         rows = [(k, v) for k, v in sorted(policy.parameters.items())]
+        costs = ""
+        if policy.engine_costs:  # what the daemon learned a step costs, per engine
+            costs = "\n\n" + _table(
+                ("engine", "prefill s/token", "step s", "decode s/request", "steps"),
+                [(c.engine_id, f"{c.prefill_s_per_token:.3g}", f"{c.step_s:.3g}",
+                  f"{c.decode_s_per_seq:.3g}", c.steps) for c in policy.engine_costs])
         _print(policy, args.json,
                f"policy {policy.name}  store {policy.store_backend}  version {policy.version}\n"
                f"engines: {', '.join(policy.engines) or '-'}\n"
-               + _table(("parameter", "value"), rows))
+               + _table(("parameter", "value"), rows) + costs)
     elif args.what == "jobs":
         jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=timeout_s)
         _print(jobs, args.json, _table(

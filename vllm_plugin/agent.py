@@ -137,6 +137,12 @@ class EngineAgent:
         # answer crossed the request in flight): see _release_is_stale.
         self._job_reported_seq: dict[str, int] = {}
         self.stale_releases_retained = 0
+        # Steps scheduled and not yet updated: (engine clock at the end of schedule(),
+        # prefill tokens, decode requests), oldest first (async scheduling schedules
+        # the next step before the last one is updated). Timed steps add to the work
+        # the next report carries, from which the daemon learns the step cost.
+        self._steps_in_flight: deque[tuple[float, int, int]] = deque()
+        self._work = pb.StepWork()
 
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
@@ -180,6 +186,7 @@ class EngineAgent:
         if not self.link.connected:
             return
         now_s = self.clock_s()
+        self._start_timing(output, now_s)
         for new in getattr(output, "scheduled_new_reqs", ()):
             # At admission, computed tokens are the prefix-cache hit.
             self._events.append(pb.RequestEvent(
@@ -287,8 +294,37 @@ class EngineAgent:
         engine does not step again and a pin released now must not stay held."""
         if not self._reported_this_step:
             self._reported_this_step = True
+            if self._steps_in_flight:  # once per update (this may be called twice)
+                self._finish_timing()
             idle = not self.sched.has_unfinished_requests()
             self.flush(wait_s=self.settings.deadline_s if idle else 0.0)
+
+    def _start_timing(self, output: Any, now_s: float) -> None:
+        """Remember what this step scheduled, to time it when it is updated. A
+        request scheduled one token decodes; more, it computes its prompt (a chunk of
+        it, or a re-computation). A step that scheduled nothing is not timed."""
+        scheduled = getattr(output, "num_scheduled_tokens", None)
+        total = int(getattr(output, "total_num_scheduled_tokens", 0) or 0)
+        if not scheduled or total <= 0:
+            return
+        decode = sum(1 for tokens in scheduled.values() if tokens == 1)
+        if len(self._steps_in_flight) >= 4:  # a step never updated (an engine error)
+            self._steps_in_flight.popleft()
+        self._steps_in_flight.append((now_s, total - decode, decode))
+
+    def _finish_timing(self) -> None:
+        """The oldest step in flight is updated: add it to the work to report."""
+        started_s, prefill, decode = self._steps_in_flight.popleft()
+        work = self._work
+        work.steps += 1
+        work.busy_s += max(self.clock_s() - started_s, 0.0)
+        work.prefill_tokens += prefill
+        work.decode_seqs += decode
+
+    def _take_work(self, report: pb.StepReport) -> None:
+        if self._work.steps:
+            report.work.CopyFrom(self._work)
+            self._work.Clear()
 
     def flush(self, wait_s: float = 0.0) -> None:
         """Report what changed; wait at most ``wait_s`` for the answer and apply it now."""
@@ -382,6 +418,7 @@ class EngineAgent:
             self._new.clear()
             self._events.clear()
             self._released.clear()
+            self._work.Clear()
             return None
         kv = self._kv()
         if self.link.needs_snapshot:
@@ -408,6 +445,7 @@ class EngineAgent:
                                 expires_at_s=pin.release_at_s, tool=pin.tool)
             self._last_free_blocks = kv.free_blocks
             self._last_stalled = kv.admission_stalled
+            self._take_work(report)
             self._remember_reported(report)
             return report
         # Only a change is worth a message; while pins are held the daemon must also
@@ -438,6 +476,7 @@ class EngineAgent:
         self._released.clear()
         self._last_free_blocks = kv.free_blocks
         self._last_stalled = kv.admission_stalled
+        self._take_work(report)
         self._remember_reported(report)
         return report
 

@@ -157,9 +157,16 @@ class DaemonLoad:
         return reports, cpu.user + cpu.system
 
     def delta(self) -> dict[str, float]:
+        from vllm_plugin.launch import scrape
+
         reports, cpu_s = self._now()
+        learned = scrape(self.metrics_url)
         return {"daemon_reports": reports - self.started[0],
-                "daemon_cpu_s": cpu_s - self.started[1]}
+                "daemon_cpu_s": cpu_s - self.started[1],
+                # What the daemon learned a step of this engine costs (0: not yet).
+                "learned_prefill_s_per_token": learned.get(
+                    "kvtether_engine_prefill_seconds_per_token", 0.0),
+                "learned_step_s": learned.get("kvtether_engine_step_seconds", 0.0)}
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,7 +174,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     duration, and every round's raw result."""
     scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
                "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
-               "kv_usage_max", "daemon_reports", "daemon_cpu_s")
+               "kv_usage_max", "daemon_reports", "daemon_cpu_s", "learned_prefill_s_per_token",
+               "learned_step_s")
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
         else None

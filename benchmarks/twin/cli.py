@@ -66,6 +66,7 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
     clock = VirtualClock()
     say = (lambda line: print(f"  [{policy} {jobs_per_s:g} jps] {line}", file=sys.stderr,
                               flush=True)) if progress else None
+    learned: list[dict[str, Any]] = []
     if policy == "native":
         scheduler = build_engine(policy, config, clock, None)
         result = simulate(workload, scheduler, step_model, config, clock, progress=say)
@@ -75,6 +76,7 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
             try:
                 result = simulate(workload, scheduler, step_model, config, clock,
                                   progress=say)
+                learned = _learned_step_costs(daemon.address)
             finally:
                 scheduler.shutdown()
     fallback_steps = result.plugin_counters.get("fallback_steps", 0)
@@ -82,6 +84,8 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
         raise RuntimeError(f"{policy} at {jobs_per_s:g} jobs/s: {fallback_steps} steps ran "
                            "without the daemon's decision: not a measurement of the policy")
     summary = summarize(result, policy, jobs_per_s)
+    # What the daemon learned a step costs, against the model that timed the steps.
+    summary["learned_step_cost"] = learned
     summary["setup"] = {
         "workload": workload.name,
         "workload_generator": workload.generator,
@@ -93,6 +97,20 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
         "step_time_model": step_model.as_dict(),
     }
     return summary, result.wall_s
+
+
+def _learned_step_costs(address: str) -> list[dict[str, Any]]:
+    """The step costs the daemon learned (Inspect.GetPolicy), as an operator reads them."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        answer = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
+            inspect_pb2.GetPolicyRequest(), timeout=10)
+    return [MessageToDict(cost, preserving_proto_field_name=True)
+            for cost in answer.engine_costs]
 
 
 def _write_json(path: Path, data: Any, compact: bool = False) -> None:

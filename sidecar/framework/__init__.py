@@ -14,6 +14,7 @@ from sidecar.framework.protocols import (
     WaitingOrder,
 )
 from sidecar.framework.types import (
+    EngineCost,
     FinishInput,
     JobView,
     KvView,
@@ -30,6 +31,7 @@ from sidecar.framework.types import (
 )
 
 __all__ = [
+    "EngineCost",
     "FinishInput",
     "FinishRetention",
     "JobView",

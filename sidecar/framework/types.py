@@ -229,6 +229,21 @@ class ToolTimeDistribution:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineCost:
+    """What a step of this engine costs, learned from its reports
+    (``sidecar.runtime.steptime``): a step takes ``step_s + prefill_s_per_token x
+    prompt tokens computed + decode_s_per_seq x requests decoding``."""
+
+    prefill_s_per_token: float
+    decode_s_per_seq: float
+    step_s: float
+    # Steps it was learned from (decayed), and the standard error of the prefill
+    # figure relative to it.
+    steps: int
+    prefill_relative_error: float
+
+
+@dataclass(frozen=True, slots=True)
 class StepView:
     """Everything a policy may look at when deciding one engine step."""
 
@@ -244,6 +259,8 @@ class StepView:
     # the tool runs read these.
     tool_times: Mapping[str, ToolTimeDistribution] = field(default_factory=dict)
     global_tool_times: ToolTimeDistribution | None = None
+    # This engine's step cost learned from its reports; None until known well enough.
+    engine_cost: EngineCost | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,7 @@ class Decider:
             jobs=jobs,
             tool_times=tool_times,
             global_tool_times=estimator.global_distribution(),
+            engine_cost=mirror.engine_cost,
         )
 
     def _decide_finish(

@@ -9,13 +9,16 @@ keeps scheduling natively until it has sent one.
 
 from __future__ import annotations
 
+import math
 import time
 
 import structlog
 
 from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.framework import EngineCost
 from sidecar.runtime.decider import Decider
 from sidecar.runtime.mirror import EngineMirror
+from sidecar.runtime.steptime import StepCostEstimator, StepWork
 from sidecar.telemetry import metrics
 
 log = structlog.get_logger("kvtether.engines")
@@ -62,6 +65,9 @@ def validate_report(report: pb.StepReport) -> None:
     for index, pin in enumerate(report.pins):
         if not pin.request_id:
             raise InvalidReport(f"pins[{index}].request_id", "must not be empty")
+    busy_s = report.work.busy_s
+    if busy_s < 0 or not math.isfinite(busy_s):
+        raise InvalidReport("work.busy_s", "must be a non-negative number")
 
 
 class EngineRegistry:
@@ -70,6 +76,10 @@ class EngineRegistry:
     def __init__(self, decider: Decider) -> None:
         self.decider = decider
         self.mirrors: dict[str, EngineMirror] = {}
+        # Each engine's step cost, learned from its reports. Kept across sessions and
+        # snapshots: the hardware does not change when the engine reconnects.
+        self.step_costs: dict[str, StepCostEstimator] = {}
+        self._logged_prefill_s: dict[str, float] = {}
         # Which session owns each engine's mirror: a stale session closing after the
         # engine reconnected must not drop the new session's mirror.
         self._owner: dict[str, object] = {}
@@ -96,10 +106,43 @@ class EngineRegistry:
             return pb.StepDecision(seq=report.seq, resync_requested=True,
                                    policy=self.decider.policy.name)
         delta = mirror.apply(report)
+        mirror.engine_cost = self._learn_step_cost(report)
         decision = self.decider.decide(mirror, delta, report.seq)
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
         return decision
+
+    def step_cost_estimates(self) -> dict[str, EngineCost]:
+        """Each engine's step cost, where it is known well enough."""
+        found = {}
+        for engine_id, estimator in self.step_costs.items():
+            cost = estimator.estimate()
+            if cost is not None:
+                found[engine_id] = cost
+        return found
+
+    def _learn_step_cost(self, report: pb.StepReport) -> EngineCost | None:
+        estimator = self.step_costs.get(report.engine_id)
+        if estimator is None:
+            estimator = self.step_costs[report.engine_id] = StepCostEstimator()
+        work = report.work
+        if work.steps:
+            estimator.add(StepWork(work.steps, work.busy_s, work.prefill_tokens,
+                                   work.decode_seqs))
+        cost = estimator.estimate()
+        if cost is not None:
+            logged_s = self._logged_prefill_s.get(report.engine_id)
+            if logged_s is None or abs(cost.prefill_s_per_token - logged_s) > 0.1 * logged_s:
+                self._logged_prefill_s[report.engine_id] = cost.prefill_s_per_token
+                log.info("engine_step_cost", engine_id=report.engine_id,
+                         prefill_s_per_token=f"{cost.prefill_s_per_token:.3g}",
+                         decode_s_per_seq=f"{cost.decode_s_per_seq:.3g}",
+                         step_s=f"{cost.step_s:.3g}", steps=cost.steps)
+            metrics.ENGINE_PREFILL_S_PER_TOKEN.labels(report.engine_id).set(
+                cost.prefill_s_per_token)
+            metrics.ENGINE_STEP_S.labels(report.engine_id).set(cost.step_s)
+            metrics.ENGINE_DECODE_S_PER_SEQ.labels(report.engine_id).set(cost.decode_s_per_seq)
+        return cost
 
     def disconnect(self, engine_id: str | None, session: object) -> None:
         if engine_id is None or self._owner.get(engine_id) is not session:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import retention_pb2
-from sidecar.framework import KvView, PinView, RequestState, RequestView
+from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
 
 _STATE = {
@@ -92,6 +92,8 @@ class EngineMirror:
             RequestState.WAITING: {}, RequestState.RUNNING: {}}
         self.pins: dict[str, PinView] = {}
         self.counters = pb.EngineCounters()
+        # The engine's step cost as learned so far (EngineRegistry sets it per report).
+        self.engine_cost: EngineCost | None = None
 
     def apply(self, report: pb.StepReport) -> ReportDelta:
         """Fold one report into the mirror. The caller checked its seq."""

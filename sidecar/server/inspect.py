@@ -112,6 +112,13 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
             store_backend=self._store.backend_name,
             engines=sorted(self._engines.mirrors),
             version=__version__,
+            engine_costs=[
+                pb.EngineStepCost(engine_id=engine_id,
+                                  prefill_s_per_token=cost.prefill_s_per_token,
+                                  decode_s_per_seq=cost.decode_s_per_seq, step_s=cost.step_s,
+                                  steps=cost.steps,
+                                  prefill_relative_error=cost.prefill_relative_error)
+                for engine_id, cost in sorted(self._engines.step_cost_estimates().items())],
         )
 
     async def ListJobs(

@@ -63,6 +63,26 @@ ENGINE_FALLBACK_STEPS = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+# An engine's step cost as the daemon learned it from the reports (set once known to
+# within 20%; see sidecar/runtime/steptime.py).
+ENGINE_PREFILL_S_PER_TOKEN = Gauge(
+    "kvtether_engine_prefill_seconds_per_token",
+    "Seconds one prompt token costs to compute on the engine, learned from its steps.",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_DECODE_S_PER_SEQ = Gauge(
+    "kvtether_engine_decode_seconds_per_request",
+    "Seconds one decoding request adds to a step of the engine, learned from its steps.",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_STEP_S = Gauge(
+    "kvtether_engine_step_seconds",
+    "Fixed seconds of one step of the engine, learned from its steps.",
+    ["engine"],
+    registry=REGISTRY,
+)
 STORE_LATENCY = Histogram(
     "kvtether_store_write_seconds", "Time of one background store write.", registry=REGISTRY
 )

@@ -397,3 +397,32 @@ def test_async_scheduler_variant_is_chosen_and_works(engines, continuum) -> None
     engine.drain()
     assert engine.cached_tokens["a2"] > 0
     assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ignore[no-untyped-def]
+        engines, fcfs) -> None:
+    engine = engines(fcfs, num_blocks=64)
+    sent: list[Any] = []
+    send = engine.agent.link.send
+
+    def record(report: Any) -> bool:
+        sent.append(report)
+        return bool(send(report))
+
+    engine.agent.link.send = record
+    # Three prompts sharing nothing, 4 output tokens each: every prompt token is
+    # computed in a step that schedules more than one token, then 3 steps decode.
+    prompts = {"a": 5 * BLOCK, "b": 7 * BLOCK, "c": 3 * BLOCK}
+    for offset, (request_id, tokens) in enumerate(prompts.items()):
+        engine.add(request_id, [300 + 500 * offset + i for i in range(tokens)],
+                   job=None, last=True, max_tokens=4)
+    steps_with_work = 0
+    while engine.sched.has_unfinished_requests():
+        if engine.step().total_num_scheduled_tokens:
+            steps_with_work += 1
+    engine.agent.flush()  # the last step's work goes with the next report
+    work = [report.work for report in sent if report.HasField("work")]
+    assert sum(w.prefill_tokens for w in work) == sum(prompts.values())
+    assert sum(w.decode_seqs for w in work) == 3 * len(prompts)
+    assert sum(w.steps for w in work) == steps_with_work
+    assert all(w.busy_s > 0.0 for w in work), "every step is timed"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sidecar.estimators.sketch import LogBucketSketch, add_increments
 from sidecar.framework.types import (
+    EngineCost,
     FinishInput,
     JobView,
     KvView,
@@ -51,6 +52,7 @@ class StepBuilder:
     _jobs: dict[str, JobView] = field(default_factory=dict)
     _samples: dict[str, list[float]] = field(default_factory=dict)
     _stalled: bool = False
+    _engine_cost: EngineCost | None = None
 
     def _request(
         self,
@@ -124,6 +126,13 @@ class StepBuilder:
         self._samples.setdefault(tool, []).extend(samples_s)
         return self
 
+    def engine_cost(self, prefill_s_per_token: float) -> StepBuilder:
+        """The step cost the daemon learned for this engine."""
+        self._engine_cost = EngineCost(prefill_s_per_token=prefill_s_per_token,
+                                       decode_s_per_seq=1e-4, step_s=0.01, steps=5000,
+                                       prefill_relative_error=0.01)
+        return self
+
     def stalled(self) -> StepBuilder:
         """The engine's last step admitted nothing although requests waited."""
         self._stalled = True
@@ -144,6 +153,7 @@ class StepBuilder:
             jobs=dict(self._jobs),
             tool_times=tool_times,
             global_tool_times=distribution("*", pooled) if pooled else None,
+            engine_cost=self._engine_cost,
         )
 
     def finish(

@@ -413,6 +413,34 @@ def test_a_pin_after_a_shortage_is_valued_at_the_recent_price() -> None:
         RetainAction.PIN)
 
 
+def _half_the_cache_at_a_recent_shortage(engine_prefill_s: float | None):  # type: ignore[no-untyped-def]
+    """The flickering small cache (price 0.39 over the next seconds), on an engine
+    whose step cost the daemon has (or has not yet) learned."""
+    s = (step(now=10.0, total_blocks=24, free_blocks=12).running("r1", job="a", prompt=1500)
+         .job("a", first_arrival=1.0))
+    if engine_prefill_s is not None:
+        s = s.engine_cost(engine_prefill_s)
+    return s.finish("r1", tool="grep", samples_s=[2.5, 3.0, 3.5, 3.0, 2.8], blocks=12)
+
+
+def test_a_context_is_valued_at_what_this_engine_takes_to_recompute_it() -> None:
+    def decide(params: dict[str, float], engine_prefill_s: float | None) -> RetainAction:
+        policy = build_policy("adaptive", params)
+        shortage = step(now=5.0, total_blocks=24, free_blocks=0).waiting("w", job="b",
+                                                                         prompt=1600)
+        policy.release_under_pressure(shortage.build())
+        return policy.on_finish(_half_the_cache_at_a_recent_shortage(engine_prefill_s)).action
+
+    # A slow engine (1e-3 s a token: 1.5 s to recompute the context) learned from its
+    # steps: the pin repays half the cache for a 3 s tool.
+    assert decide({}, engine_prefill_s=1e-3) is RetainAction.PIN
+    # Not learned yet: the default (a GPU's 1e-4 s, 0.15 s to recompute) does not.
+    assert decide({}, engine_prefill_s=None) is RetainAction.SOFT_RETAIN
+    # A figure the operator set wins over the learned one.
+    assert decide({"prefill_s_per_token": 1e-4}, engine_prefill_s=1e-3) is (
+        RetainAction.SOFT_RETAIN)
+
+
 def test_a_pin_that_takes_a_sliver_of_memory_survives_a_recent_shortage(
         adaptive: Policy) -> None:
     # The same recent shortage on a 5,402-block cache with the GPU defaults: 12

@@ -54,11 +54,16 @@ from sidecar.policies.base import (
     tool_distribution,
 )
 
+# Seconds to prefill one token until the engine's own figure is learned: Llama-3.1-8B
+# on one RTX 5090-class GPU (~9-10k prompt tokens/s).
+DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
+
 
 class AdaptiveParams(PolicyParams):
-    # Seconds to prefill one context token: what losing a context costs. Default:
-    # Llama-3.1-8B on one RTX 5090-class GPU (~9-10k prompt tokens/s).
-    prefill_s_per_token: float = Field(default=1e-4, ge=0.0)
+    # Seconds to prefill one context token: what losing a context costs. Unset: the
+    # figure the daemon learns from the engine's steps (StepView.engine_cost), and
+    # DEFAULT_PREFILL_S_PER_TOKEN until it is known. Set it to pin a figure.
+    prefill_s_per_token: float | None = Field(default=None, ge=0.0)
     # Engine seconds that holding the whole KV cache for one second costs when the
     # waiting requests find no free block at all (scaled down with the shortage).
     memory_price: float = Field(default=1.0, ge=0.0)
@@ -115,7 +120,7 @@ class _StepMemo:
     with the same frozen step, so each is computed once per step (a re-valued pin
     set after releases is a new step object, and a new memo)."""
 
-    __slots__ = ("order", "outlooks", "pin_price", "pressure", "step", "values")
+    __slots__ = ("order", "outlooks", "pin_price", "pressure", "step", "valuation", "values")
 
     def __init__(self, step: StepView) -> None:
         self.step = step
@@ -128,6 +133,7 @@ class _StepMemo:
         self.values: dict[tuple[str, float], PinValue] = {}
         # Per pin: its tool's conditional outlook and where the distribution came from.
         self.outlooks: dict[str, tuple[Outlook, str]] = {}
+        self.valuation: Valuation | None = None
 
 
 class AdaptivePolicy(NativePolicy):
@@ -139,8 +145,6 @@ class AdaptivePolicy(NativePolicy):
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         p = self.params
-        self._valuation = Valuation(p.prefill_s_per_token, p.horizons_s,
-                                    p.cold_start_probability, p.cold_start_horizon_s)
         self._local = threading.local()
         self._forecast = PriceForecast(p.price_window_s)
         self._admissions = AdmissionRate(p.admission_window_s)
@@ -152,6 +156,23 @@ class AdaptivePolicy(NativePolicy):
             memo = _StepMemo(step)
             self._local.memo = memo
         return memo
+
+    def prefill_s_per_token(self, step: StepView) -> float:
+        """What computing one context token costs on this engine: the parameter if
+        set, else the figure learned from the engine's steps, else the default."""
+        if self.params.prefill_s_per_token is not None:
+            return self.params.prefill_s_per_token
+        if step.engine_cost is not None:
+            return step.engine_cost.prefill_s_per_token
+        return DEFAULT_PREFILL_S_PER_TOKEN
+
+    def _valuation(self, step: StepView) -> Valuation:
+        memo = self._memo(step)
+        if memo.valuation is None:
+            p = self.params
+            memo.valuation = Valuation(self.prefill_s_per_token(step), p.horizons_s,
+                                       p.cold_start_probability, p.cold_start_horizon_s)
+        return memo.valuation
 
     def _pressure(self, step: StepView) -> Pressure:
         memo = self._memo(step)
@@ -311,9 +332,10 @@ class AdaptivePolicy(NativePolicy):
         distribution, source = tool_distribution(
             finished.tool, finished.tool_times, finished.global_tool_times,
             self.params.min_samples)
+        valuation = self._valuation(step)
         value = pin_value(
-            self._valuation,
-            outlook_of(self._valuation, distribution, 0.0),
+            valuation,
+            outlook_of(valuation, distribution, 0.0),
             context_tokens=request.prompt_tokens + finished.output_tokens,
             blocks=finished.blocks,
             total_blocks=step.kv.total_blocks,
@@ -420,7 +442,7 @@ class AdaptivePolicy(NativePolicy):
             return PressureOrder((), None, "")
         victims = self.order_victims(step).request_ids
         running = {r.request_id: r for r in step.running}
-        victim_cost_s = (recompute_s(running[victims[0]], self.params.prefill_s_per_token)
+        victim_cost_s = (recompute_s(running[victims[0]], self.prefill_s_per_token(step))
                          if victims else math.inf)
         price = self.params.memory_price
         cheap = sorted(
@@ -441,7 +463,7 @@ class AdaptivePolicy(NativePolicy):
     # --- pieces -----------------------------------------------------------------------
 
     def _recompute_s(self, step: StepView, pin: PinView) -> float:
-        return pin.blocks * step.kv.block_size_tokens * self.params.prefill_s_per_token
+        return pin.blocks * step.kv.block_size_tokens * self.prefill_s_per_token(step)
 
     def _value(self, step: StepView, pin: PinView, price: float) -> PinValue:
         values = self._memo(step).values
@@ -466,7 +488,7 @@ class AdaptivePolicy(NativePolicy):
         distribution, _ = self._distribution(step, pin)
         elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
         if distribution is None or distribution.count == 0:
-            outlook = outlook_of(self._valuation, None, elapsed_s)
+            outlook = outlook_of(self._valuation(step), None, elapsed_s)
             return outlook[-1][0] if outlook else 0.0
         return distribution.probability_within_given(elapsed_s, self.params.horizons_s[-1])
 
@@ -477,10 +499,10 @@ class AdaptivePolicy(NativePolicy):
             distribution, source = self._distribution(step, pin)
             elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
             known = outlooks[pin.request_id] = (
-                outlook_of(self._valuation, distribution, elapsed_s), source)
+                outlook_of(self._valuation(step), distribution, elapsed_s), source)
         outlook, source = known
         return pin_value(
-            self._valuation,
+            self._valuation(step),
             outlook,
             context_tokens=pin.blocks * step.kv.block_size_tokens,
             blocks=pin.blocks,

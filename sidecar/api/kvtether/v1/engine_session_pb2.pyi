@@ -123,7 +123,7 @@ class PinState(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., blocks: _Optional[int] = ..., pinned_at_s: _Optional[float] = ..., expires_at_s: _Optional[float] = ..., tool: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("engine_id", "seq", "snapshot", "now_s", "kv", "new_requests", "events", "released_pins", "pins", "counters")
+    __slots__ = ("engine_id", "seq", "snapshot", "now_s", "kv", "new_requests", "events", "released_pins", "pins", "counters", "work")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class StepReport(_message.Message):
     RELEASED_PINS_FIELD_NUMBER: _ClassVar[int]
     PINS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     seq: int
     snapshot: bool
@@ -144,7 +145,20 @@ class StepReport(_message.Message):
     released_pins: _containers.RepeatedScalarFieldContainer[str]
     pins: _containers.RepeatedCompositeFieldContainer[PinState]
     counters: EngineCounters
-    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., now_s: _Optional[float] = ..., kv: _Optional[_Union[KvCapacity, _Mapping]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ..., released_pins: _Optional[_Iterable[str]] = ..., pins: _Optional[_Iterable[_Union[PinState, _Mapping]]] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ...) -> None: ...
+    work: StepWork
+    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., now_s: _Optional[float] = ..., kv: _Optional[_Union[KvCapacity, _Mapping]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ..., released_pins: _Optional[_Iterable[str]] = ..., pins: _Optional[_Iterable[_Union[PinState, _Mapping]]] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ..., work: _Optional[_Union[StepWork, _Mapping]] = ...) -> None: ...
+
+class StepWork(_message.Message):
+    __slots__ = ("steps", "busy_s", "prefill_tokens", "decode_seqs")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SEQS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    busy_s: float
+    prefill_tokens: int
+    decode_seqs: int
+    def __init__(self, steps: _Optional[int] = ..., busy_s: _Optional[float] = ..., prefill_tokens: _Optional[int] = ..., decode_seqs: _Optional[int] = ...) -> None: ...
 
 class EngineCounters(_message.Message):
     __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases")

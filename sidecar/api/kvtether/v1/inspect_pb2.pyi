@@ -11,7 +11,7 @@ class GetPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetPolicyResponse(_message.Message):
-    __slots__ = ("name", "parameters", "store_backend", "engines", "version")
+    __slots__ = ("name", "parameters", "store_backend", "engines", "version", "engine_costs")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,12 +24,30 @@ class GetPolicyResponse(_message.Message):
     STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_COSTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     parameters: _containers.ScalarMap[str, str]
     store_backend: str
     engines: _containers.RepeatedScalarFieldContainer[str]
     version: str
-    def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., store_backend: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ...) -> None: ...
+    engine_costs: _containers.RepeatedCompositeFieldContainer[EngineStepCost]
+    def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., store_backend: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., engine_costs: _Optional[_Iterable[_Union[EngineStepCost, _Mapping]]] = ...) -> None: ...
+
+class EngineStepCost(_message.Message):
+    __slots__ = ("engine_id", "prefill_s_per_token", "decode_s_per_seq", "step_s", "steps", "prefill_relative_error")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_PER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_RELATIVE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    prefill_s_per_token: float
+    decode_s_per_seq: float
+    step_s: float
+    steps: int
+    prefill_relative_error: float
+    def __init__(self, engine_id: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., decode_s_per_seq: _Optional[float] = ..., step_s: _Optional[float] = ..., steps: _Optional[int] = ..., prefill_relative_error: _Optional[float] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("limit",)

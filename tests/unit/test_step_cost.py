@@ -1,0 +1,103 @@
+"""The daemon learns an engine's step cost from the work its reports carry."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.runtime.engines import InvalidReport, validate_report
+from sidecar.runtime.steptime import StepCostEstimator, StepWork
+
+# The twin's step-time model of Llama-3.1-8B on an RTX 5090 (benchmarks/twin/steptime.py).
+STEP_S, PREFILL_S, DECODE_S = 0.011, 1.11e-4, 1.4e-4
+
+
+def reports(rng: random.Random, count: int, prefill_s: float = PREFILL_S,
+            noise: float = 0.05) -> list[StepWork]:
+    """Reports of 1-6 steps each, a step decoding 0-250 requests and computing a
+    prompt chunk now and then, timed with multiplicative noise."""
+    out = []
+    for _ in range(count):
+        steps = rng.randint(1, 6)
+        prefill = decode = 0
+        busy_s = 0.0
+        for _ in range(steps):
+            p = rng.choice((0, 0, rng.randint(16, 2048)))
+            d = rng.randint(0, 250)
+            prefill += p
+            decode += d
+            busy_s += (STEP_S + prefill_s * p + DECODE_S * d) * rng.uniform(1 - noise, 1 + noise)
+        out.append(StepWork(steps, busy_s, prefill, decode))
+    return out
+
+
+def test_it_recovers_the_step_cost_of_a_busy_engine() -> None:
+    estimator = StepCostEstimator()
+    for work in reports(random.Random(1), 400):
+        estimator.add(work)
+    cost = estimator.estimate()
+    assert cost is not None
+    assert cost.prefill_s_per_token == pytest.approx(PREFILL_S, rel=0.05)
+    assert cost.decode_s_per_seq == pytest.approx(DECODE_S, rel=0.1)
+    assert cost.step_s == pytest.approx(STEP_S, rel=0.2)
+    assert cost.prefill_relative_error < 0.05
+
+
+def test_no_estimate_until_enough_prompt_work_was_seen() -> None:
+    estimator = StepCostEstimator()
+    # Decoding only: nothing says what a prompt token costs.
+    for work in reports(random.Random(2), 200):
+        estimator.add(StepWork(work.steps, work.busy_s - PREFILL_S * work.prefill_tokens,
+                               0, work.decode_seqs))
+    assert estimator.estimate() is None
+    # A few reports with prompts are not enough either.
+    estimator = StepCostEstimator()
+    for work in reports(random.Random(3), 5):
+        estimator.add(work)
+    assert estimator.estimate() is None
+
+
+def test_a_noisy_engine_gets_no_estimate_rather_than_a_wrong_one() -> None:
+    estimator = StepCostEstimator(max_relative_error=0.2)
+    rng = random.Random(4)
+    for _ in range(40):  # step times unrelated to the work
+        estimator.add(StepWork(1, rng.uniform(0.001, 1.0), rng.randint(0, 2048),
+                               rng.randint(0, 10)))
+    assert estimator.estimate() is None
+
+
+def test_a_new_model_behind_the_same_engine_id_is_learned_again() -> None:
+    estimator = StepCostEstimator(window_s=60.0)
+    rng = random.Random(5)
+    for work in reports(rng, 2000):
+        estimator.add(work)
+    slow = 4 * PREFILL_S
+    for work in reports(rng, 2000, prefill_s=slow):  # minutes of engine work
+        estimator.add(work)
+    cost = estimator.estimate()
+    assert cost is not None
+    assert cost.prefill_s_per_token == pytest.approx(slow, rel=0.05)
+
+
+def test_coefficients_stay_non_negative() -> None:
+    # Steps that cost the same whatever they decode: the decode figure is 0, not < 0.
+    estimator = StepCostEstimator()
+    rng = random.Random(6)
+    for _ in range(200):
+        prefill = rng.randint(0, 4000)
+        estimator.add(StepWork(1, 0.005 + 2e-5 * prefill, prefill, rng.randint(0, 50)))
+    cost = estimator.estimate()
+    assert cost is not None
+    assert cost.decode_s_per_seq >= 0.0
+    assert cost.prefill_s_per_token == pytest.approx(2e-5, rel=0.01)
+
+
+@pytest.mark.parametrize("busy_s", [-1.0, float("nan"), float("inf")])
+def test_a_report_with_an_impossible_step_time_is_refused_by_name(busy_s: float) -> None:
+    report = pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=1.0,
+                           work=pb.StepWork(steps=1, busy_s=busy_s))
+    with pytest.raises(InvalidReport) as refused:
+        validate_report(report)
+    assert refused.value.field == "work.busy_s"
