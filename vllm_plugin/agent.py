@@ -307,7 +307,7 @@ class EngineAgent:
         total = int(getattr(output, "total_num_scheduled_tokens", 0) or 0)
         if not scheduled or total <= 0:
             return
-        decode = sum(1 for tokens in scheduled.values() if tokens == 1)
+        decode = list(scheduled.values()).count(1)  # C speed: ~150 requests a step
         if len(self._steps_in_flight) >= 4:  # a step never updated (an engine error)
             self._steps_in_flight.popleft()
         self._steps_in_flight.append((now_s, total - decode, decode))
