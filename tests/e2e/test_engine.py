@@ -182,3 +182,40 @@ def test_bad_vllm_xargs_never_fail_a_request(engine) -> None:  # type: ignore[no
         assert time.monotonic() < deadline, "the bad field was not reported in the log"
         time.sleep(0.1)
     assert kv_usage(engine) == 0.0
+
+
+def _prompt_seconds(api: openai.OpenAI, tag: str, words: int, repeats: int = 5
+                    ) -> tuple[float, int]:
+    """Median seconds of a one-token answer to a fresh prompt of ``words`` x "lorem ipsum" (a new
+    first word each time, so nothing is cached), and the prompt's tokens."""
+    timings, tokens = [], 0
+    for index in range(repeats):
+        started = time.perf_counter()
+        answer = api.completions.create(model="tiny", max_tokens=1,
+                                        prompt=f"{tag}{index} " + "lorem ipsum " * words)
+        timings.append(time.perf_counter() - started)
+        tokens = answer.usage.prompt_tokens
+    return sorted(timings)[len(timings) // 2], tokens
+
+
+def test_the_daemon_learns_what_a_prompt_token_costs_on_this_engine(engine) -> None:  # type: ignore[no-untyped-def]
+    ensure_policy(engine, "adaptive")
+    api = client(engine)
+    # Work of varied shapes: prompts of ~50-1,250 tokens, a few answering at once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        list(pool.map(lambda i: api.completions.create(
+            model="tiny", max_tokens=1 + i % 12, extra_body={"ignore_eos": True},
+            prompt=f"learn{i} " + "lorem ipsum " * (8 + (i * 37) % 200)), range(40)))
+    with grpc.insecure_channel(engine.daemon.address) as channel:
+        policy = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
+            inspect_pb2.GetPolicyRequest(), timeout=5)
+    learned = {cost.engine_id: cost for cost in policy.engine_costs}
+    assert engine.engine_id in learned, "no step cost learned from 40 requests"
+    cost = learned[engine.engine_id]
+    # Timed from outside as the engine benchmark does: a long prompt against a short one.
+    short_s, short_tokens = _prompt_seconds(api, "short", 8)
+    long_s, long_tokens = _prompt_seconds(api, "long", 250)
+    outside_s = (long_s - short_s) / (long_tokens - short_tokens)
+    assert outside_s / 2.5 < cost.prefill_s_per_token < outside_s * 2.5, (
+        f"learned {cost.prefill_s_per_token:.3g} s a token, timed {outside_s:.3g}")
+    assert cost.prefill_relative_error <= 0.2
