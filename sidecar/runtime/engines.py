@@ -18,7 +18,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
 from sidecar.runtime.decider import Decider
 from sidecar.runtime.mirror import EngineMirror
-from sidecar.runtime.steptime import StepCostEstimator, StepWork
+from sidecar.runtime.steptime import EngineStepCosts, StepWork
 from sidecar.telemetry import metrics
 
 log = structlog.get_logger("kvtether.engines")
@@ -78,7 +78,7 @@ class EngineRegistry:
         self.mirrors: dict[str, EngineMirror] = {}
         # Each engine's step cost, learned from its reports. Kept across sessions and
         # snapshots: the hardware does not change when the engine reconnects.
-        self.step_costs: dict[str, StepCostEstimator] = {}
+        self.step_costs = EngineStepCosts()
         self._logged_prefill_s: dict[str, float] = {}
         # Which session owns each engine's mirror: a stale session closing after the
         # engine reconnected must not drop the new session's mirror.
@@ -114,22 +114,13 @@ class EngineRegistry:
 
     def step_cost_estimates(self) -> dict[str, EngineCost]:
         """Each engine's step cost, where it is known well enough."""
-        found = {}
-        for engine_id, estimator in self.step_costs.items():
-            cost = estimator.estimate()
-            if cost is not None:
-                found[engine_id] = cost
-        return found
+        return self.step_costs.estimates()
 
     def _learn_step_cost(self, report: pb.StepReport) -> EngineCost | None:
-        estimator = self.step_costs.get(report.engine_id)
-        if estimator is None:
-            estimator = self.step_costs[report.engine_id] = StepCostEstimator()
         work = report.work
-        if work.steps:
-            estimator.add(StepWork(work.steps, work.busy_s, work.prefill_tokens,
-                                   work.decode_seqs))
-        cost = estimator.estimate()
+        cost = self.step_costs.add(report.engine_id, StepWork(
+            work.steps, work.busy_s, work.prefill_tokens, work.decode_seqs)
+            if work.steps else None)
         if cost is not None:
             logged_s = self._logged_prefill_s.get(report.engine_id)
             if logged_s is None or abs(cost.prefill_s_per_token - logged_s) > 0.1 * logged_s:

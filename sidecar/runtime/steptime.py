@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from sidecar.framework.types import EngineCost
@@ -141,6 +142,40 @@ class StepCostEstimator:
         quadratic = sum(theta[i] * self._xx[i][j] * theta[j]
                         for i in range(_REGRESSORS) for j in range(_REGRESSORS))
         return self._yy - 2.0 * sum(t * r for t, r in zip(theta, self._xy, strict=True)) + quadratic
+
+
+class EngineStepCosts:
+    """One estimator per engine id, for at most ``max_engines`` engines: engine ids
+    come and go with pods, and the one that reported least recently is forgotten
+    first (an engine that reports again is learned again)."""
+
+    def __init__(self, max_engines: int = 4096) -> None:
+        if max_engines < 1:
+            raise ValueError(f"max_engines must be >= 1, got {max_engines!r}")
+        self.max_engines = max_engines
+        self._by_engine: OrderedDict[str, StepCostEstimator] = OrderedDict()
+
+    def add(self, engine_id: str, work: StepWork | None) -> EngineCost | None:
+        """Fold in one report's work (None: it carried none); answer the estimate."""
+        estimator = self._by_engine.get(engine_id)
+        if estimator is None:
+            estimator = self._by_engine[engine_id] = StepCostEstimator()
+            while len(self._by_engine) > self.max_engines:
+                self._by_engine.popitem(last=False)
+        else:
+            self._by_engine.move_to_end(engine_id)
+        if work is not None:
+            estimator.add(work)
+        return estimator.estimate()
+
+    def estimates(self) -> dict[str, EngineCost]:
+        """Each engine's step cost, where it is known well enough."""
+        found = {}
+        for engine_id, estimator in self._by_engine.items():
+            cost = estimator.estimate()
+            if cost is not None:
+                found[engine_id] = cost
+        return found
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.runtime.engines import InvalidReport, validate_report
-from sidecar.runtime.steptime import StepCostEstimator, StepWork
+from sidecar.runtime.steptime import EngineStepCosts, StepCostEstimator, StepWork
 
 # The twin's step-time model of Llama-3.1-8B on an RTX 5090 (benchmarks/twin/steptime.py).
 STEP_S, PREFILL_S, DECODE_S = 0.011, 1.11e-4, 1.4e-4
@@ -101,3 +101,18 @@ def test_a_report_with_an_impossible_step_time_is_refused_by_name(busy_s: float)
     with pytest.raises(InvalidReport) as refused:
         validate_report(report)
     assert refused.value.field == "work.busy_s"
+
+
+def test_each_engine_has_its_own_cost_and_the_longest_silent_is_forgotten() -> None:
+    costs = EngineStepCosts(max_engines=2)
+    rng = random.Random(7)
+    for work in reports(rng, 100):
+        costs.add("gpu-a", work)
+    for work in reports(rng, 100, prefill_s=3 * PREFILL_S):
+        costs.add("gpu-b", work)
+    known = costs.estimates()
+    assert known["gpu-a"].prefill_s_per_token == pytest.approx(PREFILL_S, rel=0.05)
+    assert known["gpu-b"].prefill_s_per_token == pytest.approx(3 * PREFILL_S, rel=0.05)
+    costs.add("gpu-a", None)  # a report with no step: gpu-a is still around
+    assert costs.add("gpu-c", None) is None  # a third engine: gpu-b, silent longest, goes
+    assert set(costs.estimates()) == {"gpu-a"}
