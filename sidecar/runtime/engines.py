@@ -79,7 +79,6 @@ class EngineRegistry:
         # Each engine's step cost, learned from its reports. Kept across sessions and
         # snapshots: the hardware does not change when the engine reconnects.
         self.step_costs = EngineStepCosts()
-        self._logged_prefill_s: dict[str, float] = {}
         # Which session owns each engine's mirror: a stale session closing after the
         # engine reconnected must not drop the new session's mirror.
         self._owner: dict[str, object] = {}
@@ -118,21 +117,24 @@ class EngineRegistry:
 
     def _learn_step_cost(self, report: pb.StepReport) -> EngineCost | None:
         work = report.work
-        cost = self.step_costs.add(report.engine_id, StepWork(
+        estimator = self.step_costs.add(report.engine_id, StepWork(
             work.steps, work.busy_s, work.prefill_tokens, work.decode_seqs)
             if work.steps else None)
-        if cost is not None:
-            logged_s = self._logged_prefill_s.get(report.engine_id)
-            if logged_s is None or abs(cost.prefill_s_per_token - logged_s) > 0.1 * logged_s:
-                self._logged_prefill_s[report.engine_id] = cost.prefill_s_per_token
-                log.info("engine_step_cost", engine_id=report.engine_id,
-                         prefill_s_per_token=f"{cost.prefill_s_per_token:.3g}",
-                         decode_s_per_seq=f"{cost.decode_s_per_seq:.3g}",
-                         step_s=f"{cost.step_s:.3g}", steps=cost.steps)
-            metrics.ENGINE_PREFILL_S_PER_TOKEN.labels(report.engine_id).set(
-                cost.prefill_s_per_token)
-            metrics.ENGINE_STEP_S.labels(report.engine_id).set(cost.step_s)
-            metrics.ENGINE_DECODE_S_PER_SEQ.labels(report.engine_id).set(cost.decode_s_per_seq)
+        cost = estimator.current()
+        if cost is None or cost is estimator.exported:  # not refitted since
+            return cost
+        estimator.exported = cost
+        metrics.ENGINE_PREFILL_S_PER_TOKEN.labels(report.engine_id).set(
+            cost.prefill_s_per_token)
+        metrics.ENGINE_STEP_S.labels(report.engine_id).set(cost.step_s)
+        metrics.ENGINE_DECODE_S_PER_SEQ.labels(report.engine_id).set(cost.decode_s_per_seq)
+        logged_s = estimator.logged_prefill_s
+        if logged_s is None or abs(cost.prefill_s_per_token - logged_s) > 0.1 * logged_s:
+            estimator.logged_prefill_s = cost.prefill_s_per_token
+            log.info("engine_step_cost", engine_id=report.engine_id,
+                     prefill_s_per_token=f"{cost.prefill_s_per_token:.3g}",
+                     decode_s_per_seq=f"{cost.decode_s_per_seq:.3g}",
+                     step_s=f"{cost.step_s:.3g}", steps=cost.steps)
         return cost
 
     def disconnect(self, engine_id: str | None, session: object) -> None:

@@ -114,5 +114,5 @@ def test_each_engine_has_its_own_cost_and_the_longest_silent_is_forgotten() -> N
     assert known["gpu-a"].prefill_s_per_token == pytest.approx(PREFILL_S, rel=0.05)
     assert known["gpu-b"].prefill_s_per_token == pytest.approx(3 * PREFILL_S, rel=0.05)
     costs.add("gpu-a", None)  # a report with no step: gpu-a is still around
-    assert costs.add("gpu-c", None) is None  # a third engine: gpu-b, silent longest, goes
+    assert costs.add("gpu-c", None).estimate() is None  # gpu-b, silent longest, goes
     assert set(costs.estimates()) == {"gpu-a"}
