@@ -149,24 +149,23 @@ class DaemonLoad:
         self.metrics_url = metrics_url
         self.started = self._now()
 
-    def _now(self) -> tuple[float, float]:
+    def _now(self) -> tuple[float, float, dict[str, float]]:
+        """Reports decided and CPU seconds so far, and the daemon's metrics."""
         from vllm_plugin.launch import scrape
 
         cpu = self.process.cpu_times()
-        reports = scrape(self.metrics_url).get("kvtether_step_reports_total", 0.0)
-        return reports, cpu.user + cpu.system
+        daemon_metrics = scrape(self.metrics_url)
+        return (daemon_metrics.get("kvtether_step_reports_total", 0.0), cpu.user + cpu.system,
+                daemon_metrics)
 
     def delta(self) -> dict[str, float]:
-        from vllm_plugin.launch import scrape
-
-        reports, cpu_s = self._now()
-        learned = scrape(self.metrics_url)
+        reports, cpu_s, daemon_metrics = self._now()
         return {"daemon_reports": reports - self.started[0],
                 "daemon_cpu_s": cpu_s - self.started[1],
                 # What the daemon learned a step of this engine costs (0: not yet).
-                "learned_prefill_s_per_token": learned.get(
+                "learned_prefill_s_per_token": daemon_metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
-                "learned_step_s": learned.get("kvtether_engine_step_seconds", 0.0)}
+                "learned_step_s": daemon_metrics.get("kvtether_engine_step_seconds", 0.0)}
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:

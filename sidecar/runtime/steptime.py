@@ -24,6 +24,10 @@ reads is not a regressor: it grows with the decoding requests and is absorbed by
 The estimate is given only once it is known to within ``max_relative_error`` (the
 standard error of the prefill coefficient against its value): until then the policy
 uses its configured default.
+
+The sums are updated at every report; the fit itself (``_fit``) is redone on the
+decision path once per ``REFIT_EVERY_REPORTS`` reports (``current``), and on demand
+for Inspect (``estimate``).
 """
 
 from __future__ import annotations
