@@ -37,6 +37,9 @@ class RequestView:
     computed_tokens: int = 0
     # Tool name the client or an orchestrator announced for this turn, if any.
     tool_hint: str | None = None
+    # Prompt tokens the engine found in its prefix cache when it first admitted the
+    # request (0 until then).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,9 @@ class LiveRequest:
     computed_tokens: int
     tool_hint: str | None
     blocks: int = 0
+    # Prefix-cache hit at the first admission (RequestEvent.cached_tokens; a resumed
+    # request's ADMITTED event carries none).
+    cached_tokens: int = 0
     # Retention directives the request carried (None: none) and the scope it claims.
     retention: retention_pb2.RetentionConfig | None = None
     retention_scope: str = ""
@@ -54,6 +57,7 @@ class LiveRequest:
                 state=self.state,
                 computed_tokens=self.computed_tokens,
                 tool_hint=self.tool_hint,
+                cached_tokens=self.cached_tokens,
             )
         return self._view
 
@@ -150,6 +154,8 @@ class EngineMirror:
                 continue
             known.blocks = event.blocks
             if event.kind == pb.EVENT_KIND_ADMITTED:
+                if event.cached_tokens:
+                    known.cached_tokens = event.cached_tokens
                 self._move(known, RequestState.RUNNING)
             elif event.kind == pb.EVENT_KIND_PREEMPTED:
                 self._move(known, RequestState.WAITING)

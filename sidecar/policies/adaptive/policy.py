@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
@@ -29,6 +30,7 @@ from sidecar.framework.types import (
 from sidecar.policies.adaptive.forecast import (
     AdmissionRate,
     ArrivalOrderClock,
+    FcfsRecompute,
     PriceForecast,
 )
 from sidecar.policies.adaptive.value import (
@@ -82,6 +84,10 @@ class AdaptiveParams(PolicyParams):
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
     # Time constant of the average admission rate the fair share is computed from.
     admission_window_s: float = Field(default=10.0, gt=0.0)
+    # The fair share counts what FCFS would re-compute of the contexts this engine
+    # keeps (memory short): FCFS admits more slowly than the engine does, and the
+    # share is the wait FCFS would give (forecast.py, FcfsRecompute).
+    share_counts_fcfs_recompute: bool = True
     # Engine time of one step: ~11 ms for an 8B model on one GPU. Not used by the
     # rules any more (the fair share was a step per job); kept so that deployments
     # and the engine benchmark that set it stay valid.
@@ -149,6 +155,7 @@ class AdaptivePolicy(NativePolicy):
         self._forecast = PriceForecast(p.price_window_s)
         self._admissions = AdmissionRate(p.admission_window_s)
         self._arrival_order = ArrivalOrderClock()
+        self._fcfs_recompute = FcfsRecompute(p.admission_window_s)
 
     def _memo(self, step: StepView) -> _StepMemo:
         memo: _StepMemo | None = getattr(self._local, "memo", None)
@@ -243,8 +250,12 @@ class AdaptivePolicy(NativePolicy):
         # Every step passes here (order_waiting is asked every step): both forecasts
         # are fed the step's requests.
         now_share_s = self.fair_share_s(step)
+        weigh = self._fcfs_weigh(step) if self.params.share_counts_fcfs_recompute else None
         due_at_s = self._arrival_order.update(step.engine_id, step.now_s,
-                                              step.waiting, step.running)
+                                              step.waiting, step.running, weigh)
+        if weigh is not None:
+            # FCFS admits at the engine's rate times the factor: L / λ grows by it.
+            now_share_s /= self._fcfs_recompute.factor(step.engine_id)
         least_s = self.params.min_fair_share_s
         shares = {}
         for request in step.waiting:
@@ -254,6 +265,23 @@ class AdaptivePolicy(NativePolicy):
                 share_s = min(share_s, max(due_s - request.arrival_s, least_s))
             shares[request.request_id] = share_s
         return shares
+
+    def _fcfs_weigh(self, step: StepView) -> Callable[[list[RequestView]], float]:
+        """What each admission of this step is worth in FCFS's admissions: fewer the
+        more of the contexts this engine kept FCFS would have re-computed, memory
+        short (``FcfsRecompute``)."""
+        shortage = (self._pin_price(step) / self.params.memory_price
+                    if self.params.memory_price > 0.0 else 0.0)
+        prefill_s_per_token = self.prefill_s_per_token(step)
+
+        def first_turn(request: RequestView) -> bool:
+            job = step.jobs.get(request.job_id)
+            return job is None or job.turns_finished == 0
+
+        def weigh(admitted: list[RequestView]) -> float:
+            return self._fcfs_recompute.update(step.engine_id, step.now_s, admitted,
+                                               first_turn, prefill_s_per_token, shortage)
+        return weigh
 
     def overdue_multiple(self, step: StepView) -> float:
         """How many fair shares a request waits before it goes first:
