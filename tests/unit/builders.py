@@ -63,6 +63,7 @@ class StepBuilder:
         prompt: int,
         last: bool,
         computed: int,
+        cached: int = 0,
     ) -> RequestView:
         return RequestView(
             request_id=request_id,
@@ -72,6 +73,7 @@ class StepBuilder:
             prompt_tokens=prompt,
             state=state,
             computed_tokens=computed,
+            cached_tokens=cached,
         )
 
     def waiting(
@@ -96,10 +98,11 @@ class StepBuilder:
         prompt: int = 16,
         last: bool = False,
         computed: int = 0,
+        cached: int = 0,
     ) -> StepBuilder:
-        self._running.append(
-            self._request(RequestState.RUNNING, request_id, job, arrive, prompt, last, computed)
-        )
+        """A running request; ``cached``: the prefix-cache hit at its admission."""
+        self._running.append(self._request(RequestState.RUNNING, request_id, job, arrive,
+                                           prompt, last, computed, cached))
         return self
 
     def pin(

@@ -349,6 +349,119 @@ def test_the_arrival_order_clock_admits_in_arrival_order_what_the_engine_admitte
     assert clock.update("e", 2.0, (), ()) == {}, "a clock gone back starts afresh"
 
 
+def test_the_arrival_order_clock_counts_an_admission_at_what_it_is_worth_to_fcfs() -> None:
+    from sidecar.policies.adaptive.forecast import ArrivalOrderClock
+
+    clock = ArrivalOrderClock()
+    queue = ("a1", "b2", "c3", "d4")
+    due: dict[str, float] = {}
+    for tick, admitted in enumerate(("x5", "x6", "x7", "x8"), start=1):
+        s = step(now=float(tick))
+        for rid in queue:
+            s.waiting(rid, job=rid, arrive=float(rid[1:]) - 10.0)
+        view = s.running(admitted, job=admitted, arrive=float(tick)).build()
+        # Each admission of the engine is worth half an admission of FCFS.
+        due = dict(clock.update("e", float(tick), view.waiting, view.running,
+                                weigh=lambda requests: 0.5))
+    # Four admissions, two of arrival order: a at the second step, b at the fourth.
+    assert due == {"a1": 2.0, "b2": 4.0}
+
+
+def _admissions(recompute, now: float, *, cached: int, first_turn_cached: int,  # type: ignore[no-untyped-def]
+                shortage: float) -> float:
+    """A second of steps (0.1 s each) in which the engine admits, each step, one
+    continuing turn (2,000 prompt tokens, ``cached`` of them found cached) and, every
+    other step, a job's first turn (``first_turn_cached`` found cached)."""
+    factor = 1.0
+    for tick in range(10):
+        t = now + 0.1 * tick
+        s = step(now=t).running(f"turn{t}", job=f"old{t}", prompt=2000, cached=cached)
+        s.job(f"old{t}", first_arrival=0.0, turns=2)
+        if tick % 2 == 0:
+            s.running(f"first{t}", job=f"new{t}", prompt=2000, cached=first_turn_cached)
+        view = s.build()
+        factor = recompute.update("e", t, view.running, lambda r: r.job_id.startswith("new"),
+                                  prefill_s_per_token=1e-4, shortage=shortage)
+    return factor
+
+
+def test_fcfs_admits_slower_by_what_it_would_re_compute_of_the_kept_contexts() -> None:
+    from sidecar.policies.adaptive.forecast import FcfsRecompute
+
+    def factor_after(seconds: int, **kwargs: object) -> float:
+        recompute = FcfsRecompute(window_s=10.0)
+        factor = 1.0
+        for second in range(seconds):
+            factor = _admissions(recompute, float(second), **kwargs)  # type: ignore[arg-type]
+        return factor
+
+    # Jobs share nothing (first turns find nothing cached), memory short: each
+    # continuing turn's 1,800 cached tokens would be re-computed by FCFS, 0.18 s at
+    # 1e-4 s a token, 10 a second: FCFS needs 1.8 s of extra work a second.
+    private = factor_after(100, cached=1800, first_turn_cached=0, shortage=1.0)
+    assert private == pytest.approx(1.0 / 2.8, rel=0.02)
+    # Half as short: half the extra work (with memory idle FCFS keeps contexts too).
+    assert factor_after(100, cached=1800, first_turn_cached=0, shortage=0.5) == (
+        pytest.approx(1.0 / 1.9, rel=0.02))
+    assert factor_after(100, cached=1800, first_turn_cached=0, shortage=0.0) == 1.0
+    # Prompts 90% shared (first turns find 1,800 tokens cached): other jobs keep
+    # what this engine found, FCFS would re-compute nothing.
+    assert factor_after(100, cached=1800, first_turn_cached=1800, shortage=1.0) == (
+        pytest.approx(1.0, abs=0.01))
+    # Half shared and 1,800 found: 800 lost a turn, counted at the half FCFS must
+    # allocate anew.
+    assert factor_after(100, cached=1800, first_turn_cached=1000, shortage=1.0) == (
+        pytest.approx(1.0 / 1.4, rel=0.02))
+
+
+def test_fcfs_recompute_is_per_engine_and_starts_afresh_when_the_clock_goes_back() -> None:
+    from sidecar.policies.adaptive.forecast import FcfsRecompute
+
+    recompute = FcfsRecompute(window_s=10.0)
+    for second in range(20):
+        slowed = _admissions(recompute, float(second), cached=1800, first_turn_cached=0,
+                             shortage=1.0)
+    assert slowed < 0.5
+    assert recompute.factor("e") == slowed and recompute.factor("other") == 1.0
+    assert recompute.update("e", 1.0, (), lambda r: False, 1e-4, 1.0) == 1.0, (
+        "a clock gone back (engine restarted) starts afresh")
+    with pytest.raises(ValueError, match="window_s"):
+        FcfsRecompute(window_s=0.0)
+
+
+def _admitting_kept_contexts(policy: Policy, until_s: float) -> None:
+    """A minute of steps (0.1 s each) in which memory is short and the engine admits
+    10 continuing turns a second, each finding 7,900 of its 8,000 tokens cached (kept
+    by the policy: jobs share nothing)."""
+    for tick in range(600):
+        now = until_s - 60.0 + 0.1 * tick
+        s = step(now=now).waiting(f"w{tick}", job=f"w{tick}", arrive=now, prompt=64)
+        s.free_blocks = 0
+        s.running(f"adm{tick}", job=f"job{tick}", prompt=8000, cached=7900)
+        policy.order_waiting(s.job(f"job{tick}", first_arrival=0.0, turns=3).build())
+
+
+def test_the_fair_share_counts_what_fcfs_would_re_compute() -> None:
+    def first_admitted(params: dict[str, object]) -> str:
+        policy = build_policy("adaptive", params)
+        _admitting_kept_contexts(policy, until_s=200.0)
+        # 41 new jobs have waited 20..60 s behind a turn of a job in flight.
+        s = step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+        for i in range(20, 61):
+            s.waiting(f"new{i}", job=f"n{i}", arrive=200.0 - i).job(f"n{i}", 200.0 - i)
+        s.free_blocks = 0
+        return policy.order_waiting(s.job("o", first_arrival=1.0, turns=3).build()).request_ids[0]
+
+    # Counted as FCFS admissions one for one: 42 waiting at 10 a second, ~4 s each in
+    # arrival order; 4 shares (memory short) is 17 s and the oldest new job, 60 s,
+    # is forced in over the job in flight.
+    assert first_admitted({"share_counts_fcfs_recompute": False}) == "new60"
+    # FCFS would re-compute the 7,900 cached tokens of each (0.79 s, ~8 s a second of
+    # extra work): it would admit ~9x slower, hold each ~37 s, and 60 s is within
+    # the bound: the job in flight goes first.
+    assert first_admitted({}) == "cont"
+
+
 def test_the_admission_rate_is_a_time_average_per_engine() -> None:
     from sidecar.policies.adaptive.forecast import AdmissionRate
 
