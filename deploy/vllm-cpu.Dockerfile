@@ -50,6 +50,6 @@ RUN python /opt/kvtether/make_tiny_model.py /models/tiny
 EXPOSE 8000
 ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server"]
 CMD ["--model", "/models/tiny", "--load-format", "dummy", "--enforce-eager", \
-     "--max-model-len", "2048", "--num-gpu-blocks-override", "64", \
+     "--dtype", "float32", "--max-model-len", "2048", "--num-gpu-blocks-override", "64", \
      "--kv-cache-memory-bytes", "67108864", \
      "--host", "0.0.0.0", "--port", "8000"]

