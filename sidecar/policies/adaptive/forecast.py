@@ -191,7 +191,6 @@ class ArrivalOrderClock:
             return clock.due_at_s
 
 
-
 @dataclass(slots=True)
 class _Recompute:
     # Average share of a job's first prompt found cached: the part of any prompt

@@ -210,11 +210,11 @@ class AdaptivePolicy(NativePolicy):
                       f"fair share first, oldest first; then {reason[10:]}")
         return Ordering(tuple(r.request_id for r in ordered), reason)
 
-    def fair_share_s(self, step: StepView) -> float:
+    def fair_share_s(self, step: StepView, fcfs_factor: float = 1.0) -> float:
         """A request's fair share of waiting: the wait arrival order would give it
-        now, by Little's law the requests waiting over the rate the engine admits
-        them (``L / λ``; at least ``min_fair_share_s``, and that least while the rate
-        is not known yet).
+        now, by Little's law the requests waiting over the rate FCFS would admit them
+        (``L / λ``, λ the engine's rate times ``fcfs_factor``; at least
+        ``min_fair_share_s``, and that least while the rate is not known yet).
 
         FCFS holds every request about that long; the bound lets job-level order
         make a request wait a few times longer, no more. The rate is the one this
@@ -232,7 +232,8 @@ class AdaptivePolicy(NativePolicy):
         # from which the rate counts admissions.
         rate_per_s = self._admissions.update(
             step.engine_id, step.now_s, frozenset(r.request_id for r in step.running))
-        little_s = len(step.waiting) / rate_per_s if rate_per_s > 0.0 else 0.0
+        fcfs_rate_per_s = rate_per_s * fcfs_factor
+        little_s = len(step.waiting) / fcfs_rate_per_s if fcfs_rate_per_s > 0.0 else 0.0
         return max(little_s, self.params.min_fair_share_s)
 
     def fair_shares_s(self, step: StepView) -> dict[str, float]:
@@ -254,13 +255,12 @@ class AdaptivePolicy(NativePolicy):
         counted one for one, 80.0 s so, continuum 82.8 s)."""
         # Every step passes here (order_waiting is asked every step): both forecasts
         # are fed the step's requests.
-        now_share_s = self.fair_share_s(step)
         weigh = self._fcfs_weigh(step) if self.params.share_counts_fcfs_recompute else None
         due_at_s = self._arrival_order.update(step.engine_id, step.now_s,
                                               step.waiting, step.running, weigh)
-        if weigh is not None:
-            # FCFS admits at the engine's rate times the factor: L / λ grows by it.
-            now_share_s /= self._fcfs_recompute.factor(step.engine_id)
+        # FCFS admits at the engine's rate times the factor: L / λ grows by it.
+        now_share_s = self.fair_share_s(
+            step, self._fcfs_recompute.factor(step.engine_id) if weigh else 1.0)
         least_s = self.params.min_fair_share_s
         shares = {}
         for request in step.waiting:
