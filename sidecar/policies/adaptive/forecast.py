@@ -74,6 +74,13 @@ class PriceForecast:
             return max(price, average.value)
 
 
+def _positive_window(window_s: float) -> float:
+    """A time constant of an average over time, checked: it divides elapsed time."""
+    if not window_s > 0.0:
+        raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    return window_s
+
+
 @dataclass(slots=True)
 class _Rate:
     per_s: float  # the average rate up to at_s
@@ -88,9 +95,7 @@ class AdmissionRate:
     lose no admission, and a step seen twice counts none twice."""
 
     def __init__(self, window_s: float) -> None:
-        if not window_s > 0.0:
-            raise ValueError(f"window_s must be > 0, got {window_s!r}")
-        self.window_s = window_s
+        self.window_s = _positive_window(window_s)
         self._engines: dict[str, _Rate] = {}
         self._lock = threading.Lock()
 
@@ -200,6 +205,11 @@ class _Recompute:
     extra_per_s: float
     at_s: float
 
+    @property
+    def factor(self) -> float:
+        """The share of this engine's admission rate FCFS would achieve."""
+        return 1.0 / (1.0 + self.extra_per_s)
+
 
 class FcfsRecompute:
     """Per engine, how much slower than this engine FCFS would admit requests: the
@@ -226,9 +236,7 @@ class FcfsRecompute:
     SHARED_SMOOTHING = 0.1
 
     def __init__(self, window_s: float) -> None:
-        if not window_s > 0.0:
-            raise ValueError(f"window_s must be > 0, got {window_s!r}")
-        self.window_s = window_s
+        self.window_s = _positive_window(window_s)
         self._engines: dict[str, _Recompute] = {}
         self._lock = threading.Lock()
 
@@ -260,10 +268,12 @@ class FcfsRecompute:
             kept = math.exp(-(now_s - state.at_s) / self.window_s)
             state.extra_per_s = kept * state.extra_per_s + extra_s / self.window_s
             state.at_s = now_s
-            return 1.0 / (1.0 + state.extra_per_s)
+            return state.factor
 
     def factor(self, engine_id: str) -> float:
-        """The factor as of the last update (1 for an engine not seen)."""
+        """The factor as of the last update (1 for an engine not seen). It is not
+        decayed between updates: while the engine admits nothing, the re-compute FCFS
+        would do per admission is unchanged."""
         with self._lock:
             state = self._engines.get(engine_id)
-            return 1.0 if state is None else 1.0 / (1.0 + state.extra_per_s)
+            return 1.0 if state is None else state.factor
