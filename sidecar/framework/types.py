@@ -264,6 +264,19 @@ class StepView:
     global_tool_times: ToolTimeDistribution | None = None
     # This engine's step cost learned from its reports; None until known well enough.
     engine_cost: EngineCost | None = None
+    # Requests that arrived up to this time are in ``waiting`` or ``running``; one
+    # that arrived after it may not be reported yet (None: up to ``now_s``). The
+    # report that ends a step is sent before the requests that arrived during the
+    # step are added (the next step's report brings them), so the mirror sets the
+    # previous report's time: a job seen in a tool until then may be back since.
+    arrivals_seen_until_s: float | None = None
+
+    @property
+    def seen_until_s(self) -> float:
+        """The time up to which every arrival is in this view."""
+        if self.arrivals_seen_until_s is None:
+            return self.now_s
+        return min(self.arrivals_seen_until_s, self.now_s)
 
 
 @dataclass(frozen=True, slots=True)

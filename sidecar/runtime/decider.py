@@ -159,6 +159,7 @@ class Decider:
             tool_times=tool_times,
             global_tool_times=estimator.global_distribution(),
             engine_cost=mirror.engine_cost,
+            arrivals_seen_until_s=mirror.arrivals_seen_until_s,
         )
 
     def _decide_finish(

@@ -88,6 +88,9 @@ class EngineMirror:
         self.engine_id = engine_id
         self.last_seq = 0
         self.now_s = 0.0
+        # The previous report's time: arrivals after it may not be in this one
+        # (StepView.arrivals_seen_until_s). None before the first report.
+        self.arrivals_seen_until_s: float | None = None
         self.kv = KvView(total_blocks=0, free_blocks=0, block_size_tokens=0)
         self.requests: dict[str, LiveRequest] = {}
         # The frozen views policies read, by state, kept up to date per event so a
@@ -107,6 +110,11 @@ class EngineMirror:
             for views in self._views.values():
                 views.clear()
         self.last_seq = report.seq
+        # The plugin reports a step's end before adding what arrived during the step:
+        # those come with the next report. A first report, or a clock that went back
+        # (the engine restarted), has no previous one: everything is taken as seen.
+        previous_s = self.now_s if self.arrivals_seen_until_s is not None else report.now_s
+        self.arrivals_seen_until_s = min(previous_s, report.now_s)
         self.now_s = report.now_s
         if report.HasField("kv"):
             self.kv = KvView(

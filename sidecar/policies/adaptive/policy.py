@@ -519,7 +519,7 @@ class AdaptivePolicy(NativePolicy):
         if known is not None:
             return known[0][-1][0]
         distribution, _ = self._distribution(step, pin)
-        elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
+        elapsed_s = _tool_elapsed_s(step, pin)
         if distribution is None or distribution.count == 0:
             outlook = outlook_of(self._valuation(step), None, elapsed_s)
             return outlook[-1][0] if outlook else 0.0
@@ -530,7 +530,7 @@ class AdaptivePolicy(NativePolicy):
         known = outlooks.get(pin.request_id)
         if known is None:
             distribution, source = self._distribution(step, pin)
-            elapsed_s = max(step.now_s - pin.pinned_at_s, 0.0)
+            elapsed_s = _tool_elapsed_s(step, pin)
             known = outlooks[pin.request_id] = (
                 outlook_of(self._valuation(step), distribution, elapsed_s), source)
         outlook, source = known
@@ -547,3 +547,14 @@ class AdaptivePolicy(NativePolicy):
     def _soft_priority(self, p_return: float) -> int:
         return retention_priority(p_return, self.params.soft_retain_lowest,
                                   self.params.soft_retain_highest)
+
+
+def _tool_elapsed_s(step: StepView, pin: PinView) -> float:
+    """How long the pin's tool is known to have run without its job coming back: up
+    to the time the step's arrivals are seen until, not ``now_s``. A job back during
+    the step just reported is not in it yet; valued at ``now_s``, its tool had run
+    past every sample and the pin was released as never coming back, a step before
+    the job's next turn showed (twin, jobs sharing nothing, 8 jobs/s, 3,000 blocks:
+    2,278 of 5,803 pins, nearly every tool's, each released within a step or two of
+    its tool's longest time; the turn then found its context cached at best)."""
+    return max(step.seen_until_s - pin.pinned_at_s, 0.0)
