@@ -53,6 +53,7 @@ class StepBuilder:
     _samples: dict[str, list[float]] = field(default_factory=dict)
     _stalled: bool = False
     _engine_cost: EngineCost | None = None
+    _seen_until_s: float | None = None
 
     def _request(
         self,
@@ -136,6 +137,11 @@ class StepBuilder:
                                        prefill_relative_error=0.01)
         return self
 
+    def seen_until(self, at_s: float) -> StepBuilder:
+        """Arrivals after ``at_s`` are not in this step yet (the previous report's time)."""
+        self._seen_until_s = at_s
+        return self
+
     def stalled(self) -> StepBuilder:
         """The engine's last step admitted nothing although requests waited."""
         self._stalled = True
@@ -157,6 +163,7 @@ class StepBuilder:
             tool_times=tool_times,
             global_tool_times=distribution("*", pooled) if pooled else None,
             engine_cost=self._engine_cost,
+            arrivals_seen_until_s=self._seen_until_s,
         )
 
     def finish(

@@ -1,9 +1,18 @@
-"""The daemon's mirror of an engine keeps what the policies are shown of a request."""
+"""The daemon's mirror of an engine keeps what the policies are shown of a request,
+and says which arrivals its view has seen."""
 
 from __future__ import annotations
 
 from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.estimators.tool_time import ToolTimeEstimator
+from sidecar.framework.types import Ordering, StepView
+from sidecar.jobs.tracker import JobTracker
+from sidecar.policies.fcfs.policy import FcfsPolicy
+from sidecar.runtime.decider import Decider, DecisionLog
+from sidecar.runtime.engines import EngineRegistry
 from sidecar.runtime.mirror import EngineMirror
+from sidecar.runtime.recorder import Recorder
+from sidecar.store.embedded import EmbeddedStore
 
 
 def _event(request_id: str, kind: int, cached_tokens: int = 0) -> pb.RequestEvent:
@@ -32,3 +41,52 @@ def test_a_request_shows_the_prefix_cache_hit_of_its_first_admission() -> None:
         _event("t2", pb.EVENT_KIND_ADMITTED)]))
     (resumed,) = mirror.running()
     assert resumed.cached_tokens == 608
+
+
+def _waiting(request_id: str, arrival_s: float) -> pb.NewRequest:
+    return pb.NewRequest(request_id=request_id, job_id=request_id, arrival_s=arrival_s,
+                         prompt_tokens=16, state=pb.REQUEST_STATE_WAITING)
+
+
+def test_the_view_has_seen_the_arrivals_up_to_the_previous_report() -> None:
+    mirror = EngineMirror("e")
+    mirror.apply(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=5.0))
+    assert mirror.arrivals_seen_until_s == 5.0, "a first report: nothing before it"
+
+    # The report that ends a step (now 5.3 s) is sent before the requests that
+    # arrived during it are added: only what came before the step began is in it.
+    mirror.apply(pb.StepReport(engine_id="e", seq=2, now_s=5.3))
+    assert mirror.arrivals_seen_until_s == 5.0
+    mirror.apply(pb.StepReport(engine_id="e", seq=3, now_s=5.31,
+                               new_requests=[_waiting("late", 5.2)]))
+    assert mirror.arrivals_seen_until_s == 5.3
+
+    # An engine restarted under the same id: its clock went back, no previous report.
+    mirror.apply(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=0.5))
+    assert mirror.arrivals_seen_until_s == 0.5
+
+
+class _Recording(FcfsPolicy):
+    """FCFS, keeping the views it is shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views: list[StepView] = []
+
+    def order_waiting(self, step: StepView) -> Ordering:
+        self.views.append(step)
+        return super().order_waiting(step)
+
+
+def test_a_policy_is_shown_up_to_when_the_arrivals_are_seen() -> None:
+    store = EmbeddedStore()
+    policy = _Recording()
+    recorder = Recorder(store, JobTracker(), ToolTimeEstimator(store), 100, 60.0)
+    engines = EngineRegistry(Decider(policy, recorder, DecisionLog()))
+    engines.handle(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=2.0,
+                                 new_requests=[_waiting("a", 1.9)]))
+    engines.handle(pb.StepReport(engine_id="e", seq=2, now_s=2.25,
+                                 new_requests=[_waiting("b", 2.1)]))
+    first, second = policy.views
+    assert (first.now_s, first.seen_until_s) == (2.0, 2.0)
+    assert (second.now_s, second.seen_until_s) == (2.25, 2.0)

@@ -135,6 +135,19 @@ def test_a_pin_whose_tool_ran_past_every_sample_is_released_soft(adaptive: Polic
     assert release.retention_priorities["p1"] == 36, "unlikely back: lowest retention"
 
 
+def test_a_job_back_during_the_step_just_reported_keeps_its_pin(adaptive: Policy) -> None:
+    # ls takes ~0.1 s and has run 0.3 s by now: past every sample. But the report
+    # ending this step (0.25 s long) holds only what arrived before it began, and the
+    # tool had run 0.05 s then: the job may be back, its next turn not shown yet.
+    s = (step(now=10.3, total_blocks=1000, free_blocks=0).times("ls", FAST)
+         .pin("p1", job="a", blocks=50, pinned_at=10.0, expires=40.0, tool="ls")
+         .running("r", job="c", prompt=320)
+         .waiting("w", job="d", arrive=9.0, prompt=3200).job("d", 9.0))
+    assert adaptive.release_under_pressure(s.seen_until(10.05).build()).request_ids == ()
+    # Once a report has seen past the tool's longest time, the job is late: released.
+    assert adaptive.release_under_pressure(s.seen_until(10.3).build()).request_ids == ("p1",)
+
+
 def test_growing_shortage_releases_the_slow_tools_pin_first(adaptive: Policy) -> None:
     base = (step(now=11.0, total_blocks=1000, free_blocks=0)
             .times("ls", FAST).times("make", SLOW)
