@@ -201,9 +201,11 @@ def job_level_victims(step: StepView) -> list[RequestView]:
     return sorted(step.running, key=key, reverse=True)
 
 
-def expired_unless_job_waits(step: StepView) -> tuple[str, ...]:
-    """Pins whose time is up and whose job has no request waiting (a waiting request
-    is about to reuse its job's pin)."""
+def expired_unless_job_waits(step: StepView, until_s: float | None = None
+                             ) -> tuple[str, ...]:
+    """Pins whose time is up by ``until_s`` (``now_s`` unless given) and whose job
+    has no request waiting (a waiting request is about to reuse its job's pin)."""
     waiting_jobs = {r.job_id for r in step.waiting}
+    until_s = step.now_s if until_s is None else until_s
     return tuple(p.request_id for p in step.pins
-                 if p.expires_at_s <= step.now_s and p.job_id not in waiting_jobs)
+                 if p.expires_at_s <= until_s and p.job_id not in waiting_jobs)

@@ -488,7 +488,7 @@ class AdaptivePolicy(NativePolicy):
                              "give way first")
 
     def expire(self, step: StepView) -> PinRelease:
-        expired = expired_unless_job_waits(step)
+        expired = expired_unless_job_waits(step, step.seen_until_s)
         return PinRelease(expired,
                           "adaptive: planned horizon over and no request of the job waiting"
                           if expired else "")
