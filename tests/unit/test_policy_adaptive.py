@@ -148,6 +148,15 @@ def test_a_job_back_during_the_step_just_reported_keeps_its_pin(adaptive: Policy
     assert adaptive.release_under_pressure(s.seen_until(10.3).build()).request_ids == ("p1",)
 
 
+def test_a_pin_expires_once_its_horizon_ended_before_what_the_step_has_seen(
+        adaptive: Policy) -> None:
+    s = (step(now=10.3).times("ls", FAST)
+         .pin("p1", job="a", blocks=50, pinned_at=10.0, expires=10.25, tool="ls"))
+    # The horizon ended during the step just reported: the job may be back unseen.
+    assert adaptive.expire(s.seen_until(10.05).build()).request_ids == ()
+    assert adaptive.expire(s.seen_until(10.3).build()).request_ids == ("p1",)
+
+
 def test_growing_shortage_releases_the_slow_tools_pin_first(adaptive: Policy) -> None:
     base = (step(now=11.0, total_blocks=1000, free_blocks=0)
             .times("ls", FAST).times("make", SLOW)

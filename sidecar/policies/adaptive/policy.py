@@ -488,6 +488,11 @@ class AdaptivePolicy(NativePolicy):
                              "give way first")
 
     def expire(self, step: StepView) -> PinRelease:
+        """Pins whose planned horizon was over by the time this step's arrivals are
+        seen until, and whose job has no request waiting. Expired at ``now_s``, a pin
+        whose horizon ran out during the step just reported went while its job may
+        have been back, not shown yet: the job lost its context, or at best its place
+        among the jobs holding a pin (``_tool_elapsed_s``)."""
         expired = expired_unless_job_waits(step, step.seen_until_s)
         return PinRelease(expired,
                           "adaptive: planned horizon over and no request of the job waiting"
