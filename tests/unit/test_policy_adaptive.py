@@ -256,16 +256,16 @@ def test_under_pressure_an_older_jobs_turn_goes_first(
 
 
 def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
-    """A new job that has waited 4 s behind ``young`` turns of an old job that just
+    """A new job that has waited 2.5 s behind ``young`` turns of an old job that just
     arrived, one request running."""
-    s = step(now=now).waiting("starved", job="n", arrive=now - 4.0).running("r", job="x")
+    s = step(now=now).waiting("starved", job="n", arrive=now - 2.5).running("r", job="x")
     for i in range(young):
         s.waiting(f"old{i}", job="o", arrive=now - 0.1)
-    return s.job("n", first_arrival=now - 4.0).job("o", first_arrival=1.0, turns=1)
+    return s.job("n", first_arrival=now - 2.5).job("o", first_arrival=1.0, turns=1)
 
 
 def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
-    # No admission seen yet: the fair share is the least (1 s), the bound 2 s < 4 s
+    # No admission seen yet: the fair share is the least (1 s), the bound 1.5 s < 2.5 s
     # waited.
     ordering = adaptive.order_waiting(_queue(now=20.0).build())
     assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
@@ -274,8 +274,8 @@ def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
 
 def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
     # The queue of test_a_request_past_its_fair_share_goes_first, but the waiting
-    # requests need 5 blocks and none is free: the bound doubles to 4 s, and the new
-    # job (4 s waited) is not yet overdue: admitting it would displace working sets.
+    # requests need 5 blocks and none is free: the bound doubles to 3 s, and the new
+    # job (2.5 s waited) is not yet overdue: admitting it would displace working sets.
     s = _queue(now=20.0)
     s.free_blocks = 0
     ordering = adaptive.order_waiting(s.build())
@@ -600,6 +600,24 @@ def test_only_pins_worth_less_than_the_victim_give_way(adaptive: Policy) -> None
     order = adaptive.order_pins_under_pressure(s.build())
     assert list(order.request_ids) == ["stale"]
     assert order.max_running is None
+
+
+def test_a_pin_whose_job_is_back_gives_way_last_and_only_if_cheaper_than_the_victim(
+        adaptive: Policy) -> None:
+    # Job b's tool ran past every sample, but its next turn already waits: its pin is
+    # about to be used, whatever the tool's distribution says.
+    def pressure(victim_prompt: int) -> list[str]:
+        s = (step(now=20.0, free_blocks=0).times("ls", FAST)
+             .pin("back", job="b", blocks=100, pinned_at=10.0, tool="ls")
+             .waiting("b-next", job="b", arrive=19.9, prompt=1700)
+             .pin("in-tool", job="a", blocks=100, pinned_at=20.0, tool="ls")
+             .running("victim", job="v", arrive=19.0, prompt=victim_prompt))
+        return list(adaptive.order_pins_under_pressure(s.build()).request_ids)
+
+    # A victim dearer than either context: both may go, the returned job's last.
+    assert pressure(victim_prompt=64_000) == ["in-tool", "back"]
+    # A victim cheaper than re-computing the returned job's context: vLLM preempts it.
+    assert "back" not in pressure(victim_prompt=64)
 
 
 # --- parameters ------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class AdaptiveParams(PolicyParams):
     # Bound on waiting: a request waiting more than this multiple of its fair share
     # (the wait arrival order would give it, see AdaptivePolicy.fair_shares_s; at least
     # min_fair_share_s) is admitted before any other, oldest first, and pins give way.
-    fair_share_multiple: float = Field(default=2.0, gt=0.0)
+    fair_share_multiple: float = Field(default=1.5, gt=0.0)
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
     # Time constant of the average admission rate the fair share is computed from.
     admission_window_s: float = Field(default=10.0, gt=0.0)
@@ -470,7 +470,13 @@ class AdaptivePolicy(NativePolicy):
     def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
         """When a running request's next block cannot be allocated, pins worth less
         than re-computing the first preemption victim give way first (least valuable
-        first); the rest are kept and vLLM preempts."""
+        first); the rest are kept and vLLM preempts.
+
+        A pin whose job's next request already waits is about to be used: its loss
+        costs its whole re-compute (P(back) = 1, whatever its tool's distribution
+        says), so it gives way only if that is less than the victim's, and after
+        every pin of a job still in its tool. Valued by its tool alone, it went first
+        in about one list in ten on the CPU engine (24 blocks, trace of one run)."""
         if not step.pins:
             return PressureOrder((), None, "")
         victims = self.order_victims(step).request_ids
@@ -478,10 +484,16 @@ class AdaptivePolicy(NativePolicy):
         victim_cost_s = (recompute_s(running[victims[0]], self.prefill_s_per_token(step))
                          if victims else math.inf)
         price = self.params.memory_price
+        waiting_jobs = {r.job_id for r in step.waiting}
+
+        def p_back(pin: PinView) -> float:
+            return 1.0 if pin.job_id in waiting_jobs else self._p_return(step, pin)
+
         cheap = sorted(
             (pin for pin in step.pins
-             if self._p_return(step, pin) * self._recompute_s(step, pin) < victim_cost_s),
-            key=lambda pin: (self._value(step, pin, price).value_s / max(pin.blocks, 1),
+             if p_back(pin) * self._recompute_s(step, pin) < victim_cost_s),
+            key=lambda pin: (pin.job_id in waiting_jobs,
+                             self._value(step, pin, price).value_s / max(pin.blocks, 1),
                              pin.request_id))
         return PressureOrder(tuple(pin.request_id for pin in cheap), None,
                              "adaptive: pins worth less than re-computing the next victim "
