@@ -186,6 +186,25 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def paired_ratios(runs: dict[str, list[dict[str, Any]]], baseline: str
+                  ) -> dict[str, dict[str, Any]]:
+    """Each policy's average job over ``baseline``'s, paired by round: the policies
+    of a round run back to back, so the ratio cancels most of the machine's drift
+    between rounds (on a shared 2-core VM one policy's own rounds spread by 30%).
+    Mean, standard error over the rounds (0 for one round) and the rounds' ratios."""
+    base = [r["avg_job_duration_s"] for r in runs.get(baseline, [])]
+    paired = {}
+    for policy, policy_runs in runs.items():
+        if policy == baseline or not base:
+            continue
+        ratios = [r["avg_job_duration_s"] / b
+                  for r, b in zip(policy_runs, base, strict=True)]
+        stderr = (statistics.stdev(ratios) / len(ratios) ** 0.5) if len(ratios) > 1 else 0.0
+        paired[policy] = {"mean": statistics.mean(ratios), "stderr": stderr,
+                          "rounds": ratios}
+    return paired
+
+
 def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float]:
     """What this engine's prefill and decode cost, timed on it: seconds per prompt token
     (a 1,600-token prompt against a 16-token one, 1 output token, cold cache) and
@@ -303,6 +322,7 @@ def main() -> int:
     process = start_engine(spec, log)
     base_url = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {}
+    paired: dict[str, dict[str, dict[str, Any]]] = {}
     measured: dict[str, float] = {}
     try:
         wait_healthy(base_url, process)
@@ -327,6 +347,8 @@ def main() -> int:
                                      args.max_output, progress)
                 runs[policy].append({**run, **load.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
+        # Lower is better: a policy's average job over the baseline's, round by round.
+        paired = {baseline: paired_ratios(runs, baseline) for baseline in policies}
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -349,6 +371,8 @@ def main() -> int:
         "engine_measured": measured,
         "policy_params": {policy: policy_params(policy, measured) for policy in policies},
         "policies": results,
+        # paired[baseline][policy]: average job over the baseline's, paired by round.
+        "paired_by_round": paired,
     }
     (args.out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, args.out / "engine.png")
@@ -362,6 +386,12 @@ def main() -> int:
               f"{run['p95_job_duration_s']:>8.2f}{ratio:>8.2f}x"
               f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}"
               f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s")
+    if args.rounds > 1:
+        print("\naverage job over the baseline's, paired by round (mean +- standard error):")
+        for baseline, by_policy in paired.items():
+            for policy, ratio in by_policy.items():
+                print(f"  {policy} / {baseline}: {ratio['mean']:.3f} +- {ratio['stderr']:.3f}"
+                      f" ({', '.join(f'{r:.2f}' for r in ratio['rounds'])})")
     print(f"\nwrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
     return 0
 

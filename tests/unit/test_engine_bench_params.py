@@ -3,7 +3,9 @@ would for their hardware: only the parameters the policy declares, valid for it.
 
 from __future__ import annotations
 
-from benchmarks.engine.__main__ import policy_params
+import math
+
+from benchmarks.engine.__main__ import paired_ratios, policy_params
 from sidecar.policies.registry import build_policy, policy_parameters
 
 MEASURED = {"prefill_s_per_token": 2.7e-5, "step_s": 0.0021}
@@ -31,3 +33,16 @@ def test_a_failed_measurement_leaves_the_defaults() -> None:
     assert policy_params("adaptive", {"prefill_s_per_token": 0.0, "step_s": 0.0021}) == [
         "step_s=0.0021"]
     assert policy_params("adaptive", {}) == []
+
+
+def test_paired_ratios_compare_policies_within_each_round() -> None:
+    # The machine is slow in round 2 for everyone: the pairing cancels it.
+    runs = {"fcfs": [{"avg_job_duration_s": 4.0}, {"avg_job_duration_s": 8.0}],
+            "adaptive": [{"avg_job_duration_s": 3.6}, {"avg_job_duration_s": 7.6}]}
+    paired = paired_ratios(runs, "fcfs")
+    assert list(paired) == ["adaptive"]
+    assert paired["adaptive"]["rounds"] == [0.9, 0.95]
+    assert math.isclose(paired["adaptive"]["mean"], 0.925)
+    assert math.isclose(paired["adaptive"]["stderr"], 0.025)
+    assert paired_ratios({"fcfs": runs["fcfs"][:1], "adaptive": runs["adaptive"][:1]},
+                         "fcfs")["adaptive"]["stderr"] == 0.0

@@ -475,8 +475,8 @@ class AdaptivePolicy(NativePolicy):
         A pin whose job's next request already waits is about to be used: its loss
         costs its whole re-compute (P(back) = 1, whatever its tool's distribution
         says), so it gives way only if that is less than the victim's, and after
-        every pin of a job still in its tool. Valued by its tool alone, it went first
-        in about one list in ten on the CPU engine (24 blocks, trace of one run)."""
+        every pin of a job still in its tool. Valued by its tool alone, it headed
+        about one list in ten on the CPU engine (24 blocks, trace of one run)."""
         if not step.pins:
             return PressureOrder((), None, "")
         victims = self.order_victims(step).request_ids
