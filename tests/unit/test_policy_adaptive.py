@@ -265,7 +265,7 @@ def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
 
 
 def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
-    # No admission seen yet: the fair share is the least (1 s), the bound 1.5 s < 2.5 s
+    # No admission seen yet: the fair share is the least (1 s), the bound 1.75 s < 2.5 s
     # waited.
     ordering = adaptive.order_waiting(_queue(now=20.0).build())
     assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
@@ -274,7 +274,7 @@ def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
 
 def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
     # The queue of test_a_request_past_its_fair_share_goes_first, but the waiting
-    # requests need 5 blocks and none is free: the bound doubles to 3 s, and the new
+    # requests need 5 blocks and none is free: the bound doubles to 3.5 s, and the new
     # job (2.5 s waited) is not yet overdue: admitting it would displace working sets.
     s = _queue(now=20.0)
     s.free_blocks = 0

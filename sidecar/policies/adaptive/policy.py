@@ -80,7 +80,7 @@ class AdaptiveParams(PolicyParams):
     # Bound on waiting: a request waiting more than this multiple of its fair share
     # (the wait arrival order would give it, see AdaptivePolicy.fair_shares_s; at least
     # min_fair_share_s) is admitted before any other, oldest first, and pins give way.
-    fair_share_multiple: float = Field(default=1.5, gt=0.0)
+    fair_share_multiple: float = Field(default=1.75, gt=0.0)
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
     # Time constant of the average admission rate the fair share is computed from.
     admission_window_s: float = Field(default=10.0, gt=0.0)
