@@ -130,9 +130,11 @@ async def test_replica_acks_waits_for_a_replica_and_says_when_it_could_not(
     key = keys.retention_directive("session:slow-replica")
     replica = cluster.replicas_of(cluster.master_of(key))[0]
     try:
-        started = time.monotonic()
         await store.transact([key], lambda _c: Transition(None, {key: Write(b"in-sync")}))
-        assert time.monotonic() - started < 0.2 and store.unreplicated_writes == 0
+        # Acknowledged within the timeout: not counted. (No bound on the elapsed time:
+        # on a loaded 2-core machine an acknowledged write took 0.24 s, and the count
+        # is what says whether WAIT timed out.)
+        assert store.unreplicated_writes == 0
         replica.process.send_signal(signal.SIGSTOP)  # in the cluster, but not acking
         try:
             started = time.monotonic()
