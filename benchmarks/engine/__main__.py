@@ -119,6 +119,11 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
     for record in turn_records:
         per_turn.setdefault(record["turn"], []).append(record)
     queries = delta("vllm:prefix_cache_queries_total")
+
+    def mean_s(histogram: str) -> float | None:
+        count = delta(f"{histogram}_count")
+        return delta(f"{histogram}_sum") / count if count else None
+
     return {
         "jobs": len(jobs),
         "avg_job_duration_s": statistics.mean(durations),
@@ -134,13 +139,40 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
         "preemptions": delta("vllm:num_preemptions_total"),
         "kv_usage_mean": statistics.mean(sampler.samples) if sampler.samples else None,
         "kv_usage_max": max(sampler.samples) if sampler.samples else None,
+        # Where a request's time went, by vLLM's own histograms: waiting to be scheduled
+        # (where a policy's order and admission show), prefill, decode, first token.
+        "vllm_mean_s": {phase: mean_s(histogram) for phase, histogram in VLLM_PHASES.items()},
     }
 
 
+VLLM_PHASES = {"queue": "vllm:request_queue_time_seconds",
+               "prefill": "vllm:request_prefill_time_seconds",
+               "decode": "vllm:request_decode_time_seconds",
+               "first_token": "vllm:time_to_first_token_seconds"}
+
+
+def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A /metrics page by sample name and label set (vllm_plugin.launch.scrape sums the
+    label sets away)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+# Cumulative on the engine, exported by the daemon once it has heard from the engine.
+ENGINE_COUNTER = "kvtether_engine_fallback_steps"
+
+
 class DaemonLoad:
-    """What the daemon cost during one policy's run: the step reports it decided and
-    its CPU seconds. On a 2-core machine every second of it is taken from the engine
-    (a report per idle spin once cost 10 s a round: see the README)."""
+    """What the daemon cost during one policy's run: the step reports it decided, what
+    they carried, its decision time and CPU seconds, and the steps the engine scheduled
+    natively. On a 2-core machine every second of it is taken from the engine (a report
+    per idle spin once cost 10 s a round: see the README)."""
 
     def __init__(self, pid: int, metrics_url: str) -> None:
         import psutil
@@ -148,24 +180,47 @@ class DaemonLoad:
         self.process = psutil.Process(pid)
         self.metrics_url = metrics_url
         self.started = self._now()
+        # The engine's own counters reach a new daemon with its first report, which may
+        # come after the run starts (the link reconnects with a backoff): wait for them,
+        # or the run's delta would be everything the engine counted since it started.
+        deadline_s = time.monotonic() + 10.0
+        while (ENGINE_COUNTER not in self.started[1] and time.monotonic() < deadline_s):
+            time.sleep(0.05)
+            self.started = self._now()
 
-    def _now(self) -> tuple[float, float, dict[str, float]]:
-        """Reports decided and CPU seconds so far, and the daemon's metrics."""
-        from vllm_plugin.launch import scrape
-
+    def _now(self) -> tuple[float, dict[str, float]]:
+        """CPU seconds so far, and the daemon's metrics summed over all labels but
+        ``carried``."""
         cpu = self.process.cpu_times()
-        daemon_metrics = scrape(self.metrics_url)
-        return (daemon_metrics.get("kvtether_step_reports_total", 0.0), cpu.user + cpu.system,
-                daemon_metrics)
+        metrics: dict[str, float] = {}
+        for (name, labels), value in scrape_families(self.metrics_url).items():
+            carried = dict(labels).get("carried")
+            key = f"{name}:{carried}" if carried else name
+            metrics[key] = metrics.get(key, 0.0) + value
+        return cpu.user + cpu.system, metrics
 
-    def delta(self) -> dict[str, float]:
-        reports, cpu_s, daemon_metrics = self._now()
-        return {"daemon_reports": reports - self.started[0],
-                "daemon_cpu_s": cpu_s - self.started[1],
+    def delta(self) -> dict[str, Any]:
+        cpu_s, metrics = self._now()
+        cpu_before_s, before = self.started
+
+        def delta(name: str) -> float:
+            return metrics.get(name, 0.0) - before.get(name, 0.0)
+
+        decided = delta("kvtether_decision_latency_seconds_count")
+        contents = "kvtether_step_report_contents_total:"
+        return {"daemon_reports": delta("kvtether_step_reports_total"),
+                "daemon_cpu_s": cpu_s - cpu_before_s,
+                "reports_carried": {key.removeprefix(contents): delta(key)
+                                    for key in metrics if key.startswith(contents)},
+                "decision_mean_s": (delta("kvtether_decision_latency_seconds_sum") / decided
+                                    if decided else None),
+                # The engine's own count, sent with its reports (a gauge on the daemon).
+                "fallback_steps": (delta(ENGINE_COUNTER) if ENGINE_COUNTER in before
+                                   else None),
                 # What the daemon learned a step of this engine costs (0: not yet).
-                "learned_prefill_s_per_token": daemon_metrics.get(
+                "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
-                "learned_step_s": daemon_metrics.get("kvtether_engine_step_seconds", 0.0)}
+                "learned_step_s": metrics.get("kvtether_engine_step_seconds", 0.0)}
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -174,15 +229,26 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
                "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
                "kv_usage_max", "daemon_reports", "daemon_cpu_s", "learned_prefill_s_per_token",
-               "learned_step_s")
+               "learned_step_s", "decision_mean_s", "fallback_steps")
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
         else None
         for name in scalars}
+    for name in ("vllm_mean_s", "reports_carried"):
+        merged[name] = _mean_by_key([r[name] for r in runs])
     averages = [r["avg_job_duration_s"] for r in runs]
     merged["avg_job_duration_s_range"] = [min(averages), max(averages)]
     merged["jobs"] = runs[0]["jobs"]
     merged["rounds"] = runs
+    return merged
+
+
+def _mean_by_key(figures: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Rounds' ``{key: figure}`` averaged key by key, over the rounds that have it."""
+    merged: dict[str, float | None] = {}
+    for key in sorted({key for round_figures in figures for key in round_figures}):
+        values = [value for f in figures if (value := f.get(key)) is not None]
+        merged[key] = statistics.mean(values) if values else None
     return merged
 
 
@@ -386,6 +452,17 @@ def main() -> int:
               f"{run['p95_job_duration_s']:>8.2f}{ratio:>8.2f}x"
               f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}"
               f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s")
+    print(f"\n{'policy':<13}{'queue s':>9}{'prefill s':>10}{'decode s':>9}{'ttft s':>8}"
+          f"{'decide ms':>10}{'fallback':>9}  reports carrying")
+    for policy, run in results.items():
+        phases = [run["vllm_mean_s"].get(p) for p in VLLM_PHASES]
+        decide_ms = (run["decision_mean_s"] or 0.0) * 1000
+        fallback = run["fallback_steps"]
+        print(f"{policy:<13}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'-':>{w}}"
+                                        for v, w in zip(phases, (9, 10, 9, 8), strict=True))
+              + f"{decide_ms:>10.2f}"
+              + (f"{fallback:>9.0f}  " if fallback is not None else f"{'-':>9}  ")
+              + ", ".join(f"{k} {v:.0f}" for k, v in run["reports_carried"].items() if v))
     if args.rounds > 1:
         print("\naverage job over the baseline's, paired by round (mean +- standard error):")
         for baseline, by_policy in paired.items():

@@ -70,6 +70,15 @@ def validate_report(report: pb.StepReport) -> None:
         raise InvalidReport("work.busy_s", "must be a non-negative number")
 
 
+def _count_contents(report: pb.StepReport) -> None:
+    carried = [name for name, present in (
+        ("snapshot", report.snapshot), ("new_requests", bool(report.new_requests)),
+        ("events", bool(report.events)), ("released_pins", bool(report.released_pins)))
+        if present]
+    for name in carried or ("clock",):
+        metrics.STEP_REPORT_CONTENTS.labels(name).inc()
+
+
 class EngineRegistry:
     """Mirrors of the engines talking to this daemon, keyed by engine id."""
 
@@ -88,6 +97,7 @@ class EngineRegistry:
         started = time.perf_counter()
         validate_report(report)
         metrics.STEP_REPORTS.inc()
+        _count_contents(report)
         mirror = self.mirrors.get(report.engine_id)
         if report.snapshot:
             metrics.SNAPSHOTS.inc()

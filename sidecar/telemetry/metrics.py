@@ -28,6 +28,17 @@ _DECISION_BUCKETS_S = (
 STEP_REPORTS = Counter(
     "kvtether_step_reports_total", "Step reports received from engines.", registry=REGISTRY
 )
+# What each report carried: a report can carry several kinds and counts once for each;
+# "clock" is a report that carried none (a free-block count that moved, a stall that
+# began or ended, a heartbeat while pins are held). Tells which engine event drives the
+# report rate, which is the daemon's and the engine's CPU cost.
+STEP_REPORT_CONTENTS = Counter(
+    "kvtether_step_report_contents_total",
+    "Step reports received, by what they carried "
+    "(new_requests, events, released_pins, snapshot, clock).",
+    ["carried"],
+    registry=REGISTRY,
+)
 SNAPSHOTS = Counter(
     "kvtether_snapshots_total", "Full-state snapshots received from engines.", registry=REGISTRY
 )

@@ -3,6 +3,8 @@ match what happened."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 import urllib.request
 from pathlib import Path
 
@@ -56,9 +58,43 @@ def test_metric_names_types_and_counts() -> None:
 
     assert value("kvtether_step_reports_total") == 4
     assert value("kvtether_snapshots_total") == 1
+    # What drove the reports: the snapshot carried the new request, two carried events,
+    # the gapped one nothing.
+    carried = {labels[0][1]: count for (name, *labels), count in
+               families["kvtether_step_report_contents"][1].items()}
+    assert carried == {"snapshot": 1, "new_requests": 1, "events": 2, "clock": 1}
     assert value("kvtether_resyncs_requested_total") == 1
     assert value("kvtether_decisions_total", ("kind", "pin")) == 1
     assert value("kvtether_pins_active") == 1
     assert value("kvtether_pinned_blocks") == 4
     # Every decided report (not the resync) went through the latency histogram.
     assert value("kvtether_decision_latency_seconds_count") == 3
+
+
+def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> None:
+    """benchmarks.engine records, per policy run, what the reports carried, the mean
+    decision time and the engine's fallback steps: deltas over that run only, even
+    when the run starts before the engine's first report reaches the new daemon (its
+    counters count from the engine's start)."""
+    from benchmarks.engine.__main__ import DaemonLoad
+
+    with running_daemon("--policy", "adaptive") as daemon:
+        stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
+        url = f"http://127.0.0.1:{daemon.metrics_port}"
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            starting = pool.submit(DaemonLoad, daemon.process.pid, url)
+            time.sleep(0.3)  # the engine still reconnecting
+            stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
+                                    counters=pb.EngineCounters(fallback_steps=5)))
+            load = starting.result(timeout=10)
+        stub.Step(pb.StepReport(engine_id="m", seq=2, now_s=2.0, kv=KV, new_requests=[
+            pb.NewRequest(request_id="a", job_id="j", arrival_s=2.0)],
+            counters=pb.EngineCounters(fallback_steps=7)))
+        stub.Step(pb.StepReport(engine_id="m", seq=3, now_s=3.0, kv=KV,
+                                counters=pb.EngineCounters(fallback_steps=8)))
+        run = load.delta()
+
+    assert run["daemon_reports"] == 2
+    assert run["reports_carried"] == {"snapshot": 0, "new_requests": 1, "clock": 1}
+    assert run["fallback_steps"] == 3
+    assert 0 < run["decision_mean_s"] < 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.estimators.tool_time import ToolTimeEstimator
-from sidecar.framework.types import Ordering, StepView
+from sidecar.framework.types import Ordering, PressureOrder, StepView
 from sidecar.jobs.tracker import JobTracker
 from sidecar.policies.fcfs.policy import FcfsPolicy
 from sidecar.runtime.decider import Decider, DecisionLog
@@ -90,3 +90,30 @@ def test_a_policy_is_shown_up_to_when_the_arrivals_are_seen() -> None:
     first, second = policy.views
     assert (first.now_s, first.seen_until_s) == (2.0, 2.0)
     assert (second.now_s, second.seen_until_s) == (2.25, 2.0)
+
+
+class _ListsPins(FcfsPolicy):
+    """Every pin may give way under pressure (FCFS pins none: this one is told of
+    some)."""
+
+    def order_pins_under_pressure(self, step: StepView) -> PressureOrder:
+        return PressureOrder(tuple(p.request_id for p in step.pins), None, "all pins")
+
+
+def test_a_pressure_order_that_empties_replaces_the_last_one() -> None:
+    # The engine keeps the last order it got until a new one comes: an order that
+    # empties must be sent, or the engine would release pins from the stale one.
+    store = EmbeddedStore()
+    recorder = Recorder(store, JobTracker(), ToolTimeEstimator(store), 100, 60.0)
+    engines = EngineRegistry(Decider(_ListsPins(), recorder, DecisionLog()))
+    pin = pb.PinState(request_id="p", job_id="j", blocks=4, pinned_at_s=1.0,
+                      expires_at_s=9.0)
+    held = engines.handle(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=2.0,
+                                        pins=[pin]))
+    assert list(held.pressure_release_order.request_ids) == ["p"]
+    gone = engines.handle(pb.StepReport(engine_id="e", seq=2, now_s=2.5,
+                                        released_pins=["p"]))
+    assert gone.HasField("pressure_release_order")
+    assert list(gone.pressure_release_order.request_ids) == []
+    same = engines.handle(pb.StepReport(engine_id="e", seq=3, now_s=3.0))
+    assert not same.HasField("pressure_release_order"), "unchanged: not sent again"
