@@ -310,6 +310,21 @@ def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
             if name in fields and value > 0.0]
 
 
+def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
+    """Step the engine until the new daemon has heard from it: the link reconnects
+    with a backoff, and an idle engine reports nothing, so a single request may run
+    before it is back (vLLM's scheduling) and leave the daemon without the engine's
+    counters until the measured run starts."""
+    for _ in range(tries):
+        api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)
+        with contextlib.suppress(OSError):
+            if any(name == ENGINE_COUNTER for name, _ in scrape_families(metrics_url)):
+                return
+        time.sleep(0.25)
+    print(f"warning: the engine did not reach the daemon in {tries} requests",
+          file=sys.stderr)
+
+
 def _reset_prefix_cache(base_url: str) -> None:
     request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -404,9 +419,10 @@ def main() -> int:
             for policy in policies[shift:] + policies[:shift]:
                 daemon.start(policy, *policy_params(policy, measured))
                 _reset_prefix_cache(base_url)
-                api.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1)  # resync
+                metrics_url = f"http://127.0.0.1:{daemon_metrics_port}"
+                _resync(api, metrics_url)
                 assert daemon.process is not None
-                load = DaemonLoad(daemon.process.pid, f"http://127.0.0.1:{daemon_metrics_port}")
+                load = DaemonLoad(daemon.process.pid, metrics_url)
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, args.scale, args.time_scale,
