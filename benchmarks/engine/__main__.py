@@ -236,6 +236,10 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried"):
         merged[name] = _mean_by_key([r[name] for r in runs])
+    # Which turns a policy makes wait: a job-level order shows on the first turns.
+    merged["turn_latency_s"] = _mean_by_key(
+        [{turn: figures["avg_latency_s"] for turn, figures in r["per_turn"].items()}
+         for r in runs])
     averages = [r["avg_job_duration_s"] for r in runs]
     merged["avg_job_duration_s_range"] = [min(averages), max(averages)]
     merged["jobs"] = runs[0]["jobs"]
@@ -479,6 +483,13 @@ def main() -> int:
               + f"{decide_ms:>10.2f}"
               + (f"{fallback:>9.0f}  " if fallback is not None else f"{'-':>9}  ")
               + ", ".join(f"{k} {v:.0f}" for k, v in run["reports_carried"].items() if v))
+    turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
+    print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
+    for policy, run in results.items():
+        by_turn = run["turn_latency_s"]
+        print(f"{policy:<16}" + "".join(
+            f"{by_turn[str(t)]:>7.2f}" if by_turn.get(str(t)) is not None else f"{'-':>7}"
+            for t in turns))
     if args.rounds > 1:
         print("\naverage job over the baseline's, paired by round (mean +- standard error):")
         for baseline, by_policy in paired.items():

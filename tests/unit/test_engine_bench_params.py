@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.engine.__main__ import paired_ratios, policy_params
+from benchmarks.engine.__main__ import aggregate, paired_ratios, policy_params
 from sidecar.policies.registry import build_policy, policy_parameters
 
 MEASURED = {"prefill_s_per_token": 2.7e-5, "step_s": 0.0021}
@@ -46,3 +46,25 @@ def test_paired_ratios_compare_policies_within_each_round() -> None:
     assert math.isclose(paired["adaptive"]["stderr"], 0.025)
     assert paired_ratios({"fcfs": runs["fcfs"][:1], "adaptive": runs["adaptive"][:1]},
                          "fcfs")["adaptive"]["stderr"] == 0.0
+
+
+def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
+    def round_(job_s: float, turn1_s: float, queue_s: float | None) -> dict[str, object]:
+        scalars = dict.fromkeys(
+            ("median_job_duration_s", "p90_job_duration_s", "p95_job_duration_s",
+             "prefix_cache_hit_rate", "preemptions", "kv_usage_mean", "kv_usage_max",
+             "daemon_reports", "daemon_cpu_s", "learned_prefill_s_per_token",
+             "learned_step_s", "decision_mean_s", "fallback_steps"), 1.0)
+        return {**scalars, "avg_job_duration_s": job_s, "jobs": 2,
+                "vllm_mean_s": {"queue": queue_s},
+                "reports_carried": {"clock": 4.0},
+                "per_turn": {"1": {"avg_latency_s": turn1_s},
+                             "2": {"avg_latency_s": 0.5}}}
+
+    merged = aggregate([round_(4.0, 0.3, 0.1), round_(6.0, 0.5, None)])
+    assert merged["avg_job_duration_s"] == 5.0
+    assert merged["avg_job_duration_s_range"] == [4.0, 6.0]
+    assert merged["turn_latency_s"] == {"1": 0.4, "2": 0.5}
+    # A round without a figure (vLLM observed no request) does not drag the mean.
+    assert merged["vllm_mean_s"] == {"queue": 0.1}
+    assert merged["reports_carried"] == {"clock": 4.0}
