@@ -180,13 +180,6 @@ class DaemonLoad:
         self.process = psutil.Process(pid)
         self.metrics_url = metrics_url
         self.started = self._now()
-        # The engine's own counters reach a new daemon with its first report, which may
-        # come after the run starts (the link reconnects with a backoff): wait for them,
-        # or the run's delta would be everything the engine counted since it started.
-        deadline_s = time.monotonic() + 10.0
-        while (ENGINE_COUNTER not in self.started[1] and time.monotonic() < deadline_s):
-            time.sleep(0.05)
-            self.started = self._now()
 
     def _now(self) -> tuple[float, dict[str, float]]:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
@@ -203,20 +196,21 @@ class DaemonLoad:
         cpu_s, metrics = self._now()
         cpu_before_s, before = self.started
 
-        def delta(name: str) -> float:
+        def grew(name: str) -> float:
             return metrics.get(name, 0.0) - before.get(name, 0.0)
 
-        decided = delta("kvtether_decision_latency_seconds_count")
+        decided = grew("kvtether_decision_latency_seconds_count")
         contents = "kvtether_step_report_contents_total:"
-        return {"daemon_reports": delta("kvtether_step_reports_total"),
+        return {"daemon_reports": grew("kvtether_step_reports_total"),
                 "daemon_cpu_s": cpu_s - cpu_before_s,
-                "reports_carried": {key.removeprefix(contents): delta(key)
+                "reports_carried": {key.removeprefix(contents): grew(key)
                                     for key in metrics if key.startswith(contents)},
-                "decision_mean_s": (delta("kvtether_decision_latency_seconds_sum") / decided
+                "decision_mean_s": (grew("kvtether_decision_latency_seconds_sum") / decided
                                     if decided else None),
                 # The engine's own count, sent with its reports (a gauge on the daemon).
-                "fallback_steps": (delta(ENGINE_COUNTER) if ENGINE_COUNTER in before
-                                   else None),
+                # Unknown unless the daemon had it when the run began (_resync): else
+                # the difference would be all the engine counted since it started.
+                "fallback_steps": grew(ENGINE_COUNTER) if ENGINE_COUNTER in before else None,
                 # What the daemon learned a step of this engine costs (0: not yet).
                 "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),

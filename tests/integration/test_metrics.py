@@ -3,8 +3,6 @@ match what happened."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
 import urllib.request
 from pathlib import Path
 
@@ -73,27 +71,27 @@ def test_metric_names_types_and_counts() -> None:
 
 def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> None:
     """benchmarks.engine records, per policy run, what the reports carried, the mean
-    decision time and the engine's fallback steps: deltas over that run only, even
-    when the run starts before the engine's first report reaches the new daemon (its
-    counters count from the engine's start)."""
+    decision time and the engine's fallback steps: deltas over that run only. The
+    engine's counters count from its start: a run that began before the new daemon
+    heard from the engine has no fallback count rather than a wrong one."""
     from benchmarks.engine.__main__ import DaemonLoad
 
     with running_daemon("--policy", "adaptive") as daemon:
         stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
         url = f"http://127.0.0.1:{daemon.metrics_port}"
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            starting = pool.submit(DaemonLoad, daemon.process.pid, url)
-            time.sleep(0.3)  # the engine still reconnecting
-            stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
-                                    counters=pb.EngineCounters(fallback_steps=5)))
-            load = starting.result(timeout=10)
+        too_early = DaemonLoad(daemon.process.pid, url)
+        stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
+                                counters=pb.EngineCounters(fallback_steps=5)))
+        load = DaemonLoad(daemon.process.pid, url)
         stub.Step(pb.StepReport(engine_id="m", seq=2, now_s=2.0, kv=KV, new_requests=[
             pb.NewRequest(request_id="a", job_id="j", arrival_s=2.0)],
             counters=pb.EngineCounters(fallback_steps=7)))
         stub.Step(pb.StepReport(engine_id="m", seq=3, now_s=3.0, kv=KV,
                                 counters=pb.EngineCounters(fallback_steps=8)))
         run = load.delta()
+        started_too_early = too_early.delta()
 
+    assert started_too_early["fallback_steps"] is None
     assert run["daemon_reports"] == 2
     assert run["reports_carried"] == {"snapshot": 0, "new_requests": 1, "clock": 1}
     assert run["fallback_steps"] == 3
