@@ -142,13 +142,19 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
         # Where a request's time went, by vLLM's own histograms: waiting to be scheduled
         # (where a policy's order and admission show), prefill, decode, first token.
         "vllm_mean_s": {phase: mean_s(histogram) for phase, histogram in VLLM_PHASES.items()},
+        # The same requests timed by the client: what exceeds vLLM's e2e is HTTP and
+        # the processes sharing the machine's cores (the API server, the client).
+        "client_request_mean_s": statistics.mean(r["latency_s"] for r in turn_records),
     }
 
 
 VLLM_PHASES = {"queue": "vllm:request_queue_time_seconds",
                "prefill": "vllm:request_prefill_time_seconds",
                "decode": "vllm:request_decode_time_seconds",
-               "first_token": "vllm:time_to_first_token_seconds"}
+               "first_token": "vllm:time_to_first_token_seconds",
+               # From the API server's arrival to the finish: what a client waits,
+               # less HTTP and the client's own process.
+               "e2e": "vllm:e2e_request_latency_seconds"}
 
 
 def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -230,6 +236,9 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried"):
         merged[name] = _mean_by_key([r[name] for r in runs])
+    client_s = [r.get("client_request_mean_s") for r in runs]  # absent before e2e was
+    merged["client_request_mean_s"] = (statistics.mean(client_s)
+                                       if None not in client_s else None)
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
         [{turn: figures["avg_latency_s"] for turn, figures in r["per_turn"].items()}
@@ -467,13 +476,14 @@ def main() -> int:
               f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}"
               f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s")
     print(f"\n{'policy':<13}{'queue s':>9}{'prefill s':>10}{'decode s':>9}{'ttft s':>8}"
-          f"{'decide ms':>10}{'fallback':>9}  reports carrying")
+          f"{'e2e s':>7}{'client s':>9}{'decide ms':>10}{'fallback':>9}  reports carrying")
     for policy, run in results.items():
         phases = [run["vllm_mean_s"].get(p) for p in VLLM_PHASES]
         decide_ms = (run["decision_mean_s"] or 0.0) * 1000
         fallback = run["fallback_steps"]
+        phases.append(run.get("client_request_mean_s"))
         print(f"{policy:<13}" + "".join(f"{v:>{w}.3f}" if v is not None else f"{'-':>{w}}"
-                                        for v, w in zip(phases, (9, 10, 9, 8), strict=True))
+                                        for v, w in zip(phases, (9, 10, 9, 8, 7, 9), strict=True))
               + f"{decide_ms:>10.2f}"
               + (f"{fallback:>9.0f}  " if fallback is not None else f"{'-':>9}  ")
               + ", ".join(f"{k} {v:.0f}" for k, v in run["reports_carried"].items() if v))

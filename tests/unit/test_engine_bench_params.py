@@ -49,7 +49,8 @@ def test_paired_ratios_compare_policies_within_each_round() -> None:
 
 
 def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
-    def round_(job_s: float, turn1_s: float, queue_s: float | None) -> dict[str, object]:
+    def round_(job_s: float, turn1_s: float, queue_s: float | None,
+               client_s: float | None = 0.3) -> dict[str, object]:
         scalars = dict.fromkeys(
             ("median_job_duration_s", "p90_job_duration_s", "p95_job_duration_s",
              "prefix_cache_hit_rate", "preemptions", "kv_usage_mean", "kv_usage_max",
@@ -57,6 +58,7 @@ def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
              "learned_step_s", "decision_mean_s", "fallback_steps"), 1.0)
         return {**scalars, "avg_job_duration_s": job_s, "jobs": 2,
                 "vllm_mean_s": {"queue": queue_s},
+                "client_request_mean_s": client_s,
                 "reports_carried": {"clock": 4.0},
                 "per_turn": {"1": {"avg_latency_s": turn1_s},
                              "2": {"avg_latency_s": 0.5}}}
@@ -68,3 +70,7 @@ def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
     # A round without a figure (vLLM observed no request) does not drag the mean.
     assert merged["vllm_mean_s"] == {"queue": 0.1}
     assert merged["reports_carried"] == {"clock": 4.0}
+    assert merged["client_request_mean_s"] == 0.3
+    # A round recorded before the client's own timing: no mean rather than a partial one.
+    assert aggregate([round_(4.0, 0.3, 0.1),
+                      round_(6.0, 0.5, 0.1, client_s=None)])["client_request_mean_s"] is None
