@@ -245,14 +245,32 @@ def test_an_engine_keeping_up_admits_in_arrival_order(adaptive: Policy) -> None:
     assert list(adaptive.order_waiting(s.build()).request_ids) == ["new", "old2"]
 
 
-@pytest.mark.parametrize(("new_waited_s", "free_blocks"), [
-    (0.5, 4),     # memory short: 8 blocks wait for 4 free
-    (1.5, 1000),  # a backlog: the oldest request waited past 1 s (bound: 2 s)
+UNDER_PRESSURE = pytest.mark.parametrize(("new_waited_s", "free_blocks"), [
+    (0.5, 4),     # memory short: the waiting requests need more than 4 free blocks
+    (1.5, 1000),  # a backlog: the oldest request waited past 1 s (bound: 1.75 s)
 ])
-def test_under_pressure_an_older_jobs_turn_goes_first(
+
+
+@UNDER_PRESSURE
+def test_under_pressure_the_turn_of_an_older_job_holding_a_pin_goes_first(
         adaptive: Policy, new_waited_s: float, free_blocks: int) -> None:
+    # Its context is in memory: admitted first, it uses the pin and frees it.
     s = _new_job_then_old_turn(now=10.0, new_waited_s=new_waited_s, free_blocks=free_blocks)
-    assert list(adaptive.order_waiting(s.build()).request_ids) == ["old2", "new"]
+    ordering = adaptive.order_waiting(s.pin("old1", job="o", blocks=2).build())
+    assert list(ordering.request_ids) == ["old2", "new"]
+    assert "jobs holding a pin first" in ordering.reason
+
+
+@UNDER_PRESSURE
+def test_under_pressure_an_older_job_holding_nothing_keeps_its_arrival_order(
+        adaptive: Policy, new_waited_s: float, free_blocks: int) -> None:
+    # Nothing of its context is held for job order to protect: first, its whole
+    # prompt would head vLLM's queue, and the new job's first turn wait behind it.
+    s = _new_job_then_old_turn(now=10.0, new_waited_s=new_waited_s, free_blocks=free_blocks)
+    ordering = adaptive.order_waiting(s.build())
+    assert list(ordering.request_ids) == ["new", "old2"]
+    assert "then arrival order" in ordering.reason
+    assert "keeping up" not in ordering.reason
 
 
 def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
@@ -273,10 +291,11 @@ def test_a_request_past_its_fair_share_goes_first(adaptive: Policy) -> None:
 
 
 def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
-    # The queue of test_a_request_past_its_fair_share_goes_first, but the waiting
-    # requests need 5 blocks and none is free: the bound doubles to 3.5 s, and the new
-    # job (2.5 s waited) is not yet overdue: admitting it would displace working sets.
-    s = _queue(now=20.0)
+    # The queue of test_a_request_past_its_fair_share_goes_first, the old job holding
+    # a pin, but the waiting requests need blocks and none is free: the bound doubles
+    # to 3.5 s, and the new job (2.5 s waited) is not yet overdue: admitting it would
+    # displace the working set of the job in flight.
+    s = _queue(now=20.0).pin("old-turn", job="o", blocks=1)
     s.free_blocks = 0
     ordering = adaptive.order_waiting(s.build())
     assert list(ordering.request_ids) == ["old0", "old1", "old2", "old3", "starved"]
@@ -297,8 +316,10 @@ def _admitting(policy: Policy, per_s: float, until_s: float) -> None:
 
 
 def _backlog(now: float):  # type: ignore[no-untyped-def]
-    """Overloaded: 81 new jobs have waited 20..100 s behind a turn of a job in flight."""
-    s = step(now=now).running("r", job="x").waiting("cont", job="o", arrive=now - 0.1)
+    """Overloaded: 81 new jobs have waited 20..100 s behind a turn of a job in flight
+    (holding a pin: its context is in memory)."""
+    s = (step(now=now).running("r", job="x").waiting("cont", job="o", arrive=now - 0.1)
+         .pin("kept", job="o", blocks=1))
     for i in range(20, 101):
         s.waiting(f"new{i}", job=f"n{i}", arrive=now - i).job(f"n{i}", now - i)
     return s.job("o", first_arrival=1.0, turns=3)
@@ -467,8 +488,10 @@ def test_the_fair_share_counts_what_fcfs_would_re_compute() -> None:
     def first_admitted(params: dict[str, object]) -> str:
         policy = build_policy("adaptive", params)
         _admitting_kept_contexts(policy, until_s=200.0)
-        # 41 new jobs have waited 20..60 s behind a turn of a job in flight.
-        s = step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+        # 41 new jobs have waited 20..60 s behind a turn of a job in flight (holding
+        # a pin).
+        s = (step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+             .pin("kept", job="o", blocks=1))
         for i in range(20, 61):
             s.waiting(f"new{i}", job=f"n{i}", arrive=200.0 - i).job(f"n{i}", 200.0 - i)
         s.free_blocks = 0
