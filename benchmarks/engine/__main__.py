@@ -174,6 +174,35 @@ def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 ENGINE_COUNTER = "kvtether_engine_fallback_steps"
 
 
+class ProcessCpu:
+    """CPU seconds of a process (the API server, ``vllm serve``) and of its children
+    (vLLM's engine core) since this object was made. On a 2-core machine the engine
+    core's CPU is taken from the API server and the client: a policy whose plugin
+    work costs the engine core CPU shows as time outside vLLM's own request timings."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.process = psutil.Process(pid)
+        self.started = self._now()
+
+    def _now(self) -> dict[str, float]:
+        import psutil
+
+        def seconds(process: Any) -> float:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                return float(times.user + times.system)
+            return 0.0
+
+        return {"server": seconds(self.process),
+                "children": sum(seconds(c) for c in self.process.children(recursive=True))}
+
+    def delta(self) -> dict[str, float]:
+        now = self._now()
+        return {name: now[name] - self.started[name] for name in now}
+
+
 class DaemonLoad:
     """What the daemon cost during one policy's run: the step reports it decided, what
     they carried, its decision time and CPU seconds, and the steps the engine scheduled
@@ -234,8 +263,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
         else None
         for name in scalars}
-    for name in ("vllm_mean_s", "reports_carried"):
-        merged[name] = _mean_by_key([r[name] for r in runs])
+    for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s"):
+        merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
     client_s = [r.get("client_request_mean_s") for r in runs]  # absent before e2e was
     merged["client_request_mean_s"] = (statistics.mean(client_s)
                                        if None not in client_s else None)
@@ -430,11 +459,13 @@ def main() -> int:
                 _resync(api, metrics_url)
                 assert daemon.process is not None
                 load = DaemonLoad(daemon.process.pid, metrics_url)
+                engine_cpu = ProcessCpu(process.pid)
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, args.scale, args.time_scale,
                                      args.max_output, progress)
-                runs[policy].append({**run, **load.delta()})
+                runs[policy].append({**run, **load.delta(),
+                                     "engine_cpu_s": engine_cpu.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
         # Lower is better: a policy's average job over the baseline's, round by round.
         paired = {baseline: paired_ratios(runs, baseline) for baseline in policies}
@@ -487,6 +518,12 @@ def main() -> int:
               + f"{decide_ms:>10.2f}"
               + (f"{fallback:>9.0f}  " if fallback is not None else f"{'-':>9}  ")
               + ", ".join(f"{k} {v:.0f}" for k, v in run["reports_carried"].items() if v))
+    print(f"\n{'policy':<13}{'API server CPU s':>17}{'engine core CPU s':>18}  (a round)")
+    for policy, run in results.items():
+        cpu = run["engine_cpu_s"]
+        print(f"{policy:<13}" + "".join(
+            f"{v:>{w}.1f}" if (v := cpu.get(k)) is not None else f"{'-':>{w}}"
+            for k, w in (("server", 17), ("children", 18))))
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():

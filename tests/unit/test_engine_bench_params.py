@@ -4,8 +4,12 @@ would for their hardware: only the parameters the policy declares, valid for it.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import time
 
-from benchmarks.engine.__main__ import aggregate, paired_ratios, policy_params
+from benchmarks.engine.__main__ import ProcessCpu, aggregate, paired_ratios, policy_params
 from sidecar.policies.registry import build_policy, policy_parameters
 
 MEASURED = {"prefill_s_per_token": 2.7e-5, "step_s": 0.0021}
@@ -71,6 +75,28 @@ def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
     assert merged["vllm_mean_s"] == {"queue": 0.1}
     assert merged["reports_carried"] == {"clock": 4.0}
     assert merged["client_request_mean_s"] == 0.3
+    assert merged["engine_cpu_s"] == {}  # rounds recorded before the engine's CPU
     # A round recorded before the client's own timing: no mean rather than a partial one.
     assert aggregate([round_(4.0, 0.3, 0.1),
                       round_(6.0, 0.5, 0.1, client_s=None)])["client_request_mean_s"] is None
+
+
+def test_process_cpu_counts_the_seconds_a_process_and_its_children_burn() -> None:
+    # The benchmark's server is ``vllm serve``, its child the engine core: here this
+    # process and a child that burns 0.3 s and then stays alive (as the core does).
+    cpu = ProcessCpu(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time\nd = time.process_time() + 0.3\n"
+                              "while time.process_time() < d: pass\n"
+                              "print('burnt', flush=True)\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"
+        deadline = time.process_time() + 0.3
+        while time.process_time() < deadline:  # this process burns 0.3 s
+            pass
+        burnt = cpu.delta()
+    finally:
+        child.communicate("")
+    assert burnt["server"] >= 0.25
+    assert burnt["children"] >= 0.25
