@@ -174,6 +174,16 @@ def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 ENGINE_COUNTER = "kvtether_engine_fallback_steps"
 
 
+def _cpu_seconds(process: Any) -> float:
+    """User and system CPU seconds of a ``psutil.Process``; 0 once it is gone."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        times = process.cpu_times()
+        return float(times.user + times.system)
+    return 0.0
+
+
 class ProcessCpu:
     """CPU seconds of a process (the API server, ``vllm serve``) and of its children
     (vLLM's engine core) since this object was made. On a 2-core machine the engine
@@ -187,16 +197,9 @@ class ProcessCpu:
         self.started = self._now()
 
     def _now(self) -> dict[str, float]:
-        import psutil
-
-        def seconds(process: Any) -> float:
-            with contextlib.suppress(psutil.Error):
-                times = process.cpu_times()
-                return float(times.user + times.system)
-            return 0.0
-
-        return {"server": seconds(self.process),
-                "children": sum(seconds(c) for c in self.process.children(recursive=True))}
+        return {"server": _cpu_seconds(self.process),
+                "children": sum(_cpu_seconds(child)
+                                for child in self.process.children(recursive=True))}
 
     def delta(self) -> dict[str, float]:
         now = self._now()
@@ -219,13 +222,12 @@ class DaemonLoad:
     def _now(self) -> tuple[float, dict[str, float]]:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
         ``carried``."""
-        cpu = self.process.cpu_times()
         metrics: dict[str, float] = {}
         for (name, labels), value in scrape_families(self.metrics_url).items():
             carried = dict(labels).get("carried")
             key = f"{name}:{carried}" if carried else name
             metrics[key] = metrics.get(key, 0.0) + value
-        return cpu.user + cpu.system, metrics
+        return _cpu_seconds(self.process), metrics
 
     def delta(self) -> dict[str, Any]:
         cpu_s, metrics = self._now()
@@ -258,16 +260,15 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
                "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
                "kv_usage_max", "daemon_reports", "daemon_cpu_s", "learned_prefill_s_per_token",
-               "learned_step_s", "decision_mean_s", "fallback_steps")
+               "learned_step_s", "decision_mean_s", "fallback_steps",
+               "client_request_mean_s")
+    # A figure some round lacks (recorded before it was, or none measured) has no mean.
     merged: dict[str, Any] = {
-        name: statistics.mean(r[name] for r in runs) if all(r[name] is not None for r in runs)
-        else None
+        name: statistics.mean(r[name] for r in runs)
+        if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s"):
         merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
-    client_s = [r.get("client_request_mean_s") for r in runs]  # absent before e2e was
-    merged["client_request_mean_s"] = (statistics.mean(client_s)
-                                       if None not in client_s else None)
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
         [{turn: figures["avg_latency_s"] for turn, figures in r["per_turn"].items()}
