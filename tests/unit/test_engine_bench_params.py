@@ -100,3 +100,26 @@ def test_process_cpu_counts_the_seconds_a_process_and_its_children_burn() -> Non
         child.communicate("")
     assert burnt["server"] >= 0.25
     assert burnt["children"] >= 0.25
+
+
+def test_the_engine_core_profile_is_summed_by_component() -> None:
+    # py-spy's raw format: one collapsed stack (outermost frame first) and its count.
+    from benchmarks.engine.profile import summarize
+
+    raw = [
+        "thread (1): MainThread;EngineCore.step (vllm/v1/engine/core.py:667);"
+        "KvtetherMixin.schedule (vllm_plugin/scheduler.py:160);"
+        "EngineAgent.before_schedule (vllm_plugin/agent.py:150) 3\n",
+        "thread (1): MainThread;MessageQueue.acquire_read (vllm/distributed/"
+        "device_communicators/shm_broadcast.py:864);sched_yield (vllm/distributed/"
+        "utils.py:46) 6\n",
+        "thread (2): kvtether-link;DaemonLink._run (vllm_plugin/link.py:120);"
+        "_consume_request_iterator (grpc/_channel.py:311) 1\n",
+        "not a sample line\n",
+    ]
+    shares = summarize(raw)
+    assert shares["samples"] == 10
+    assert math.isclose(shares["plugin"], 0.4)  # the link thread's stack counts too
+    assert math.isclose(shares["grpc"], 0.1)
+    assert math.isclose(shares["spin"], 0.6)
+    assert summarize([]) == {"samples": 0.0, "plugin": 0.0, "grpc": 0.0, "spin": 0.0}
