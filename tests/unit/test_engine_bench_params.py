@@ -10,6 +10,7 @@ import sys
 import time
 
 from benchmarks.engine.__main__ import ProcessCpu, aggregate, paired_ratios, policy_params
+from benchmarks.engine.profile import summarize
 from sidecar.policies.registry import build_policy, policy_parameters
 
 MEASURED = {"prefill_s_per_token": 2.7e-5, "step_s": 0.0021}
@@ -104,8 +105,6 @@ def test_process_cpu_counts_the_seconds_a_process_and_its_children_burn() -> Non
 
 def test_the_engine_core_profile_is_summed_by_component() -> None:
     # py-spy's raw format: one collapsed stack (outermost frame first) and its count.
-    from benchmarks.engine.profile import summarize
-
     raw = [
         "thread (1): MainThread;EngineCore.step (vllm/v1/engine/core.py:667);"
         "KvtetherMixin.schedule (vllm_plugin/scheduler.py:160);"
