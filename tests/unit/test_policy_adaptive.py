@@ -9,6 +9,7 @@ import pytest
 
 from sidecar.framework.protocols import Policy
 from sidecar.framework.types import RetainAction
+from sidecar.policies.adaptive.value import memory_pressure
 from sidecar.policies.registry import PolicyConfigError, build_policy
 from tests.unit.builders import distribution, step
 
@@ -114,6 +115,57 @@ def test_last_step_is_released_and_supersedes_older_pins(adaptive: Policy) -> No
     decision = adaptive.on_finish(s.finish("r2", tool=None))
     assert decision.action is RetainAction.RELEASE
     assert decision.release_pins == ("r1",)
+
+
+def _released_big_context(policy: Policy) -> None:
+    """Job "big" held a pin of 10 of 24 blocks for ls, which ran past every sample:
+    the pin is released (its context stays cached while the job is in its tool)."""
+    s = (step(now=20.0, total_blocks=24, free_blocks=14).times("ls", FAST)
+         .pin("p-big", job="big", blocks=10, pinned_at=10.0, expires=40.0, tool="ls"))
+    assert policy.release_under_pressure(s.build()).request_ids == ("p-big",)
+
+
+def _idle_finish(tool: str, samples_s: list[float]):  # type: ignore[no-untyped-def]
+    """Nothing waits; 8 blocks free, fewer than the 10 big's cached context wants."""
+    s = step(now=20.1, total_blocks=24, free_blocks=8).running("r1", job="a", prompt=700)
+    return s.finish("r1", tool=tool, samples_s=samples_s, blocks=6)
+
+
+def test_a_pin_that_would_push_out_a_released_context_is_priced(adaptive: Policy) -> None:
+    # Nothing waits: by the waiting demand alone a pin costs nothing (the first test
+    # pins a build for 16 s). But the 6 blocks it holds are room big's cached context
+    # needs to stay cached: a 12 s build's pin is not worth that.
+    _released_big_context(adaptive)
+    slow = adaptive.on_finish(_idle_finish("make", SLOW))
+    assert slow.action is RetainAction.SOFT_RETAIN
+    fast = adaptive.on_finish(_idle_finish("ls", FAST))
+    assert fast.action is RetainAction.PIN, "a 0.1 s tool displaces little: still pinned"
+
+    waiting_only = build_policy("adaptive", {"price_counts_released_contexts": "false"})
+    _released_big_context(waiting_only)
+    assert waiting_only.on_finish(_idle_finish("make", SLOW)).action is RetainAction.PIN
+
+
+def test_released_contexts_price_memory_only_while_the_waiting_requests_fit() -> None:
+    idle = step(now=10, total_blocks=1000, free_blocks=900).build()
+    assert memory_pressure(idle, 1.0, released_blocks=800).price == 0.0, "all stay cached"
+    assert memory_pressure(idle, 1.0, released_blocks=1000).price == pytest.approx(0.1)
+    # 100 blocks wanted, 50 free: the waiting request evicts cached contexts whatever
+    # the pins do; the price is its shortfall alone.
+    short = (step(now=10, total_blocks=1000, free_blocks=50)
+             .waiting("w", job="b", prompt=1600).build())
+    assert memory_pressure(short, 1.0).price == pytest.approx(0.5)
+    assert memory_pressure(short, 1.0, released_blocks=5000).price == pytest.approx(0.5)
+
+
+def test_a_released_context_stops_counting_once_its_job_is_back(adaptive: Policy) -> None:
+    _released_big_context(adaptive)
+    s = (step(now=20.1, total_blocks=24, free_blocks=8).running("r1", job="a", prompt=700)
+         .waiting("big-2", job="big", prompt=100, arrive=20.05))
+    # big's next turn is back (its 7 blocks fit in the 8 free): its context is no
+    # longer one a pin displaces, memory is idle, and the build is pinned again.
+    assert adaptive.on_finish(s.finish("r1", tool="make", samples_s=SLOW,
+                                       blocks=6)).action is RetainAction.PIN
 
 
 # --- every step: pins re-valued ------------------------------------------------------

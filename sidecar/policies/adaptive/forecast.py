@@ -277,3 +277,51 @@ class FcfsRecompute:
         with self._lock:
             state = self._engines.get(engine_id)
             return 1.0 if state is None else state.factor
+
+
+class ReleasedContexts:
+    """Per engine, the contexts ``adaptive`` let go of (cached at a retention priority
+    at the finish, or a pin released) while their job is in a tool: what a pin's
+    blocks would otherwise keep cached.
+
+    A released context stays in vLLM's free pool, cached, until a new allocation
+    evicts it. A pin keeps its blocks out of that pool, so the pool turns over sooner
+    and evicts those contexts earlier: while the waiting requests fit in the free
+    blocks, a pin does not cost them a block, but may cost another job its context
+    (value.py, ``memory_pressure``'s ``released_blocks``). A context counts until its
+    job is back (waiting or running), holds a pin again, or ``horizon_s`` has passed:
+    the longest a pin is planned for, after which its job is not expected back soon.
+    """
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        # engine -> job -> (blocks, released at)
+        self._engines: dict[str, dict[str, tuple[int, float]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, engine_id: str, job_id: str, blocks: int, now_s: float) -> None:
+        """The job's context of ``blocks`` blocks was released at ``now_s``."""
+        if blocks <= 0:
+            return
+        with self._lock:
+            self._engines.setdefault(engine_id, {})[job_id] = (blocks, now_s)
+
+    def blocks(self, engine_id: str, now_s: float, back_jobs: Iterable[str],
+               pinned_jobs: Iterable[str]) -> int:
+        """Blocks of the released contexts still expected back: their job is neither
+        back (``back_jobs``: waiting or running) nor pinned, within ``horizon_s``.
+        Contexts of jobs back or past the horizon are forgotten."""
+        with self._lock:
+            released = self._engines.get(engine_id)
+            if not released:
+                return 0
+            for job_id in set(back_jobs) & released.keys():
+                del released[job_id]
+            pinned = set(pinned_jobs)
+            total = 0
+            for job_id, (blocks, at_s) in list(released.items()):
+                if now_s - at_s > self.horizon_s or now_s < at_s:
+                    del released[job_id]
+                elif job_id not in pinned:
+                    total += blocks
+            return total

@@ -32,6 +32,7 @@ from sidecar.policies.adaptive.forecast import (
     ArrivalOrderClock,
     FcfsRecompute,
     PriceForecast,
+    ReleasedContexts,
 )
 from sidecar.policies.adaptive.value import (
     Outlook,
@@ -100,6 +101,10 @@ class AdaptiveParams(PolicyParams):
     # job is unlikely back soon) to highest; vLLM's own free blocks sit at 35.
     soft_retain_lowest: int = Field(default=36, ge=0, le=100)
     soft_retain_highest: int = Field(default=90, ge=0, le=100)
+    # Pins are priced at what they displace too: while the waiting requests fit in
+    # the free blocks, the cached contexts this policy released for jobs still in a
+    # tool want the rest (value.py, memory_pressure). False: the waiting demand only.
+    price_counts_released_contexts: bool = True
 
     @field_validator("horizons_s")
     @classmethod
@@ -126,13 +131,17 @@ class _StepMemo:
     with the same frozen step, so each is computed once per step (a re-valued pin
     set after releases is a new step object, and a new memo)."""
 
-    __slots__ = ("order", "outlooks", "pin_price", "pressure", "step", "valuation", "values")
+    __slots__ = ("order", "outlooks", "pin_price", "pressure", "released_price", "step",
+                 "valuation", "values")
 
     def __init__(self, step: StepView) -> None:
         self.step = step
         self.pressure: Pressure | None = None
-        # The price pins are valued at: the forecast over the seconds they hold memory.
+        # The forecast price of memory over the seconds ahead (waiting demand only).
         self.pin_price: float | None = None
+        # The same counting the released contexts a pin displaces: what pins are
+        # valued at.
+        self.released_price: float | None = None
         # (waiting requests in admission order, how many are overdue, whether the
         # engine keeps up and the order is arrival order)
         self.order: tuple[list[RequestView], int, bool] | None = None
@@ -156,6 +165,8 @@ class AdaptivePolicy(NativePolicy):
         self._admissions = AdmissionRate(p.admission_window_s)
         self._arrival_order = ArrivalOrderClock()
         self._fcfs_recompute = FcfsRecompute(p.admission_window_s)
+        self._released = ReleasedContexts(p.horizons_s[-1])
+        self._released_forecast = PriceForecast(p.price_window_s)
 
     def _memo(self, step: StepView) -> _StepMemo:
         memo: _StepMemo | None = getattr(self._local, "memo", None)
@@ -188,13 +199,37 @@ class AdaptivePolicy(NativePolicy):
         return memo.pressure
 
     def _pin_price(self, step: StepView) -> float:
-        """The price a pin is valued at: the current price, or the recent average when
-        memory was short lately (the seconds a pin holds are priced by the forecast)."""
+        """The forecast price of memory from the waiting demand: the current price, or
+        the recent average when memory was short lately. It measures the shortage the
+        fair share weighs FCFS's re-compute by."""
         memo = self._memo(step)
         if memo.pin_price is None:
             memo.pin_price = self._forecast.update(step.engine_id, step.now_s,
                                                    self._pressure(step).price)
         return memo.pin_price
+
+    def _price_for_pins(self, step: StepView) -> float:
+        """The price a pin is valued at: as ``_pin_price``, counting also the released
+        contexts it displaces (``price_counts_released_contexts``; the seconds a pin
+        holds are priced by the forecast)."""
+        waiting_price = self._pin_price(step)  # every step, so its forecast sees them all
+        if not self.params.price_counts_released_contexts:
+            return waiting_price
+        memo = self._memo(step)
+        if memo.released_price is None:
+            released = self._released.blocks(
+                step.engine_id, step.now_s,
+                back_jobs=[r.job_id for r in (*step.waiting, *step.running)],
+                pinned_jobs=[pin.job_id for pin in step.pins])
+            price = memory_pressure(step, self.params.memory_price, released).price
+            memo.released_price = self._released_forecast.update(step.engine_id,
+                                                                 step.now_s, price)
+        return memo.released_price
+
+    def _remember_released(self, step: StepView, job_id: str, blocks: int) -> None:
+        # Only while they are counted: the record is pruned when it is read.
+        if self.params.price_counts_released_contexts:
+            self._released.record(step.engine_id, job_id, blocks, step.now_s)
 
     # --- admission: overdue requests first, then job-level order --------------------
 
@@ -379,7 +414,7 @@ class AdaptivePolicy(NativePolicy):
             return RetainDecision.release(f"{self.name}: last step of the job",
                                           release_pins=superseded)
         step = finished.step
-        price = self._pin_price(step)
+        price = self._price_for_pins(step)
         distribution, source = tool_distribution(
             finished.tool, finished.tool_times, finished.global_tool_times,
             self.params.min_samples)
@@ -400,6 +435,7 @@ class AdaptivePolicy(NativePolicy):
                 f"memory price {price:.2f} ({value.source})",
                 release_pins=superseded)
         priority = self._soft_priority(value.p_return)
+        self._remember_released(step, request.job_id, finished.blocks)
         return RetainDecision(
             RetainAction.SOFT_RETAIN,
             retention_priority=priority,
@@ -416,7 +452,7 @@ class AdaptivePolicy(NativePolicy):
         used and is not re-valued). Then, when the first request to admit is overdue
         or the engine idles, and it cannot fit, release the least valuable pins (never
         its own job's) until it fits."""
-        price = self._pin_price(step)  # every step, so the forecast sees idle ones too
+        price = self._price_for_pins(step)  # every step, so the forecasts see idle ones
         if not step.pins:
             return PinRelease((), "")
         waiting_jobs = {r.job_id for r in step.waiting}
@@ -456,6 +492,8 @@ class AdaptivePolicy(NativePolicy):
             return PinRelease((), "")
         priorities = {rid: self._soft_priority(self._p_return(step, pin_by_id[rid]))
                       for rid in released}
+        for rid in released:
+            self._remember_released(step, pin_by_id[rid].job_id, pin_by_id[rid].blocks)
         return PinRelease(tuple(released), reason, priorities)
 
     def _forced_head(self, step: StepView) -> tuple[str, int] | None:
