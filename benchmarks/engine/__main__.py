@@ -339,12 +339,20 @@ def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float
 
 
 def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
-    """``KEY=VALUE`` for the measured constants the policy declares as parameters."""
+    """``KEY=VALUE`` for the measured constants the policy declares as parameters,
+    then the parameters its name sets (``adaptive@KEY=VALUE@...``: a variant run
+    side by side with the policy's defaults)."""
     from sidecar.policies.registry import policy_spec
 
-    fields = policy_spec(policy).params_model.model_fields
-    return [f"{name}={value:.4g}" for name, value in sorted(measured.items())
-            if name in fields and value > 0.0]
+    name, *overrides = policy.split("@")
+    fields = policy_spec(name).params_model.model_fields
+    for override in overrides:
+        key, equals, _ = override.partition("=")
+        if not equals or key not in fields:
+            raise ValueError(f"policy {policy!r}: {override!r} is not KEY=VALUE for a "
+                             f"parameter of {name} ({', '.join(sorted(fields))})")
+    return [f"{key}={value:.4g}" for key, value in sorted(measured.items())
+            if key in fields and value > 0.0] + overrides
 
 
 def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
@@ -404,7 +412,8 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=0.5, help="tool times x this")
     parser.add_argument("--max-output", type=int, default=48)
     parser.add_argument("--blocks", type=int, default=24, help="KV blocks of 128 tokens")
-    parser.add_argument("--policies", default="fcfs,continuum,contextserve")
+    parser.add_argument("--policies", default="fcfs,continuum,contextserve",
+                        help="comma-separated; NAME@KEY=VALUE runs NAME with a parameter set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every policy this many times, order rotated each round")
@@ -427,6 +436,11 @@ def main() -> int:
     daemon_metrics_port = free_port()
     daemon = DaemonController("--metrics-port", str(daemon_metrics_port))
     policies = args.policies.split(",")
+    for policy in policies:  # a bad name or parameter fails before the engine starts
+        try:
+            policy_params(policy, {})
+        except (ValueError, KeyError) as error:
+            parser.error(str(error))
     daemon.start("fcfs")  # never pins: the measurement's requests leave no blocks held
     port = free_port()
     log = args.out / "vllm.log"
@@ -454,7 +468,7 @@ def main() -> int:
         for round_index in range(args.rounds):
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
-                daemon.start(policy, *policy_params(policy, measured))
+                daemon.start(policy.split("@")[0], *policy_params(policy, measured))
                 _reset_prefix_cache(base_url)
                 metrics_url = f"http://127.0.0.1:{daemon_metrics_port}"
                 _resync(api, metrics_url)
@@ -538,6 +552,13 @@ def main() -> int:
             for policy, ratio in by_policy.items():
                 print(f"  {policy} / {baseline}: {ratio['mean']:.3f} +- {ratio['stderr']:.3f}"
                       f" ({', '.join(f'{r:.2f}' for r in ratio['rounds'])})")
+        if "fcfs" in results and len(results) > 1:
+            # Where the differences lie: inside vLLM, or outside it (python -m
+            # benchmarks.engine.paired pools this with other runs).
+            from benchmarks.engine.paired import report
+
+            print("\n" + report([{policy: run["rounds"][index] for policy, run in results.items()}
+                                 for index in range(args.rounds)], "fcfs"))
     print(f"\nwrote {args.out / 'engine.json'} and {args.out / 'engine.png'}")
     return 0
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from benchmarks.engine.__main__ import ProcessCpu, aggregate, paired_ratios, policy_params
 from benchmarks.engine.profile import summarize
 from sidecar.policies.registry import build_policy, policy_parameters
@@ -122,3 +124,12 @@ def test_the_engine_core_profile_is_summed_by_component() -> None:
     assert math.isclose(shares["grpc"], 0.1)
     assert math.isclose(shares["spin"], 0.6)
     assert summarize([]) == {"samples": 0.0, "plugin": 0.0, "grpc": 0.0, "spin": 0.0}
+
+
+def test_a_variant_runs_the_policy_with_a_parameter_set_after_the_constants() -> None:
+    flags = policy_params("adaptive@price_counts_released_contexts=false", MEASURED)
+    assert flags[-1] == "price_counts_released_contexts=false"
+    assert _as_dict(flags)["prefill_s_per_token"] == "2.7e-05"
+    build_policy("adaptive", _as_dict(flags))  # the daemon accepts them
+    with pytest.raises(ValueError, match="'nope=1' is not KEY=VALUE for a parameter of adaptive"):
+        policy_params("adaptive@nope=1", MEASURED)

@@ -1,0 +1,104 @@
+"""Pooling engine benchmark runs: rounds pair only within a run, and the per-request
+split says whether a difference lies inside vLLM or outside it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.engine.paired import (
+    job_ratio,
+    load_rounds,
+    main,
+    request_split,
+    t_quantile95,
+)
+
+
+def _round(job_s: float, client_s: float, e2e_s: float, queue_s: float) -> dict[str, object]:
+    return {"avg_job_duration_s": job_s, "client_request_mean_s": client_s,
+            "vllm_mean_s": {"e2e": e2e_s, "queue": queue_s, "prefill": 0.02, "decode": 0.03},
+            "per_turn": {str(t): {} for t in range(1, 9)}}
+
+
+def _write_run(path: Path, rounds: dict[str, list[dict[str, object]]]) -> Path:
+    path.write_text(json.dumps({"policies": {
+        policy: {"rounds": policy_rounds} for policy, policy_rounds in rounds.items()}}))
+    return path
+
+
+def test_runs_pool_round_by_round_and_the_machine_drift_cancels(tmp_path: Path) -> None:
+    # Run 2 is on a slower machine for everyone: pairing within the run cancels it.
+    first = _write_run(tmp_path / "a.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014), _round(4.4, 0.16, 0.08, 0.014)],
+        "adaptive": [_round(4.4, 0.17, 0.08, 0.016), _round(4.4, 0.16, 0.08, 0.016)]})
+    second = _write_run(tmp_path / "b.json", {
+        "fcfs": [_round(8.0, 0.30, 0.09, 0.020)],
+        "adaptive": [_round(8.8, 0.34, 0.09, 0.022)]})
+    rounds = load_rounds([first, second])
+    assert len(rounds) == 3
+
+    ratio = job_ratio(rounds, "adaptive", "fcfs")
+    assert math.isclose(ratio.mean, (1.1 + 1.0 + 1.1) / 3)
+    assert ratio.rounds == 3
+    assert ratio.upper95 > ratio.mean
+
+    split = request_split(rounds, "adaptive", "fcfs")
+    # vLLM's e2e did not move: the whole difference is outside vLLM.
+    assert math.isclose(split["vllm e2e"].mean, 0.0, abs_tol=1e-12)
+    assert math.isclose(split["outside vllm"].mean, split["client"].mean)
+    assert math.isclose(split["client"].mean, (0.02 + 0.0 + 0.04) / 3)
+    assert math.isclose(split["  queue"].mean, 0.002)
+
+
+def test_a_figure_missing_from_older_rounds_is_left_out_of_that_figure(tmp_path: Path) -> None:
+    old = {"avg_job_duration_s": 4.0, "per_turn": {}}  # recorded before vLLM's phases
+    run = _write_run(tmp_path / "run.json", {
+        "fcfs": [old, _round(4.0, 0.15, 0.08, 0.014), _round(4.0, 0.15, 0.08, 0.014)],
+        "adaptive": [old, _round(4.0, 0.16, 0.08, 0.014), _round(4.0, 0.18, 0.08, 0.014)]})
+    rounds = load_rounds([run])
+    assert job_ratio(rounds, "adaptive", "fcfs").rounds == 3
+    assert request_split(rounds, "adaptive", "fcfs")["client"].rounds == 2
+
+
+def test_the_t_quantile_matches_the_table() -> None:
+    for degrees, table in ((5, 2.015), (11, 1.796), (35, 1.690), (1000, 1.646)):
+        assert math.isclose(t_quantile95(degrees), table, abs_tol=0.01)
+    assert t_quantile95(0) == math.inf
+
+
+def test_bad_inputs_name_the_file_and_what_is_wrong(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    not_a_result = tmp_path / "other.json"
+    not_a_result.write_text("{}")
+    with pytest.raises(SystemExit):
+        main([str(not_a_result)])
+    assert "other.json: not an engine benchmark result" in capsys.readouterr().err
+
+    uneven = _write_run(tmp_path / "uneven.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014)] * 2,
+        "adaptive": [_round(4.0, 0.15, 0.08, 0.014)]})
+    with pytest.raises(SystemExit):
+        main([str(uneven)])
+    assert "different numbers of rounds" in capsys.readouterr().err
+
+    one_round = _write_run(tmp_path / "one.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014)], "adaptive": [_round(4.0, 0.15, 0.08, 0.014)]})
+    with pytest.raises(SystemExit):
+        main([str(one_round), "--baseline", "fcfs"])
+    assert "need at least 2 rounds with the baseline 'fcfs', found 1" in capsys.readouterr().err
+
+
+def test_the_report_prints_the_ratio_and_the_split(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run = _write_run(tmp_path / "run.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014), _round(4.2, 0.15, 0.08, 0.014)],
+        "adaptive": [_round(4.4, 0.17, 0.08, 0.016), _round(4.2, 0.16, 0.08, 0.016)]})
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 paired rounds; baseline fcfs" in out
+    assert "adaptive / fcfs, average job: 1.050 +- 0.050" in out
+    assert "outside vllm" in out and "x8 turns" in out
