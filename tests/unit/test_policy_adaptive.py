@@ -168,6 +168,23 @@ def test_a_released_context_stops_counting_once_its_job_is_back(adaptive: Policy
                                        blocks=6)).action is RetainAction.PIN
 
 
+def test_released_contexts_are_forgotten_past_the_horizon_or_once_back() -> None:
+    from sidecar.policies.adaptive.forecast import ReleasedContexts
+
+    released = ReleasedContexts(horizon_s=30.0)
+    released.record("e", "a", blocks=10, now_s=0.0)
+    released.record("e", "b", blocks=4, now_s=5.0)
+    released.record("other-engine", "c", blocks=7, now_s=5.0)
+    assert released.blocks("e", 10.0, back_jobs=[], pinned_jobs=["b"]) == 10, "b is pinned"
+    assert released.blocks("e", 10.0, back_jobs=[], pinned_jobs=[]) == 14
+    assert released.blocks("e", 31.0, back_jobs=[], pinned_jobs=[]) == 4, "a: past 30 s"
+    assert released.blocks("e", 31.0, back_jobs=["b"], pinned_jobs=[]) == 0
+    # Forgotten, not skipped: released again later, each counts once.
+    released.record("e", "b", blocks=6, now_s=32.0)
+    assert released.blocks("e", 33.0, back_jobs=[], pinned_jobs=[]) == 6
+    assert released.blocks("other-engine", 6.0, back_jobs=[], pinned_jobs=[]) == 7
+
+
 # --- every step: pins re-valued ------------------------------------------------------
 
 
