@@ -42,6 +42,7 @@ from sidecar.policies.adaptive.value import (
     memory_pressure,
     outlook_of,
     pin_value,
+    price_with_released,
     recompute_s,
     retention_priority,
 )
@@ -221,7 +222,8 @@ class AdaptivePolicy(NativePolicy):
                 step.engine_id, step.now_s,
                 back_jobs=[r.job_id for r in (*step.waiting, *step.running)],
                 pinned_jobs=[pin.job_id for pin in step.pins])
-            price = memory_pressure(step, self.params.memory_price, released).price
+            price = price_with_released(self._pressure(step), self.params.memory_price,
+                                        released)
             memo.released_price = self._released_forecast.update(step.engine_id,
                                                                  step.now_s, price)
         return memo.released_price
@@ -493,7 +495,8 @@ class AdaptivePolicy(NativePolicy):
         priorities = {rid: self._soft_priority(self._p_return(step, pin_by_id[rid]))
                       for rid in released}
         for rid in released:
-            self._remember_released(step, pin_by_id[rid].job_id, pin_by_id[rid].blocks)
+            pin = pin_by_id[rid]
+            self._remember_released(step, pin.job_id, pin.blocks)
         return PinRelease(tuple(released), reason, priorities)
 
     def _forced_head(self, step: StepView) -> tuple[str, int] | None:

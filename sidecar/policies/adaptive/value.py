@@ -61,13 +61,26 @@ def memory_pressure(step: StepView, memory_price: float,
     demand = sum(blocks_to_admit(r, size, pinned.get(r.job_id, 0)) for r in step.waiting)
     free = step.kv.free_blocks
     if step.kv.admission_stalled and step.waiting:
-        return Pressure(free, max(demand, free + 1), memory_price)
-    if demand > free and demand > 0:
-        return Pressure(free, demand, memory_price * (demand - free) / demand)
-    wanted = demand + max(released_blocks, 0)
-    if wanted <= free or demand >= free:
-        return Pressure(free, demand, 0.0)
-    return Pressure(free, demand, memory_price * (wanted - free) / wanted)
+        waiting = Pressure(free, max(demand, free + 1), memory_price)
+    elif demand <= free or demand <= 0:
+        waiting = Pressure(free, demand, 0.0)
+    else:
+        waiting = Pressure(free, demand, memory_price * (demand - free) / demand)
+    if released_blocks <= 0:
+        return waiting
+    return Pressure(free, demand, price_with_released(waiting, memory_price, released_blocks))
+
+
+def price_with_released(waiting: Pressure, memory_price: float, released_blocks: int) -> float:
+    """The price of ``waiting`` (the waiting demand's pressure) counting also the
+    released contexts' ``released_blocks`` while the waiting requests fit
+    (``memory_pressure``), from the step's pressure already computed."""
+    if waiting.demand_blocks >= waiting.free_blocks:
+        return waiting.price  # the waiting requests take every free block
+    wanted = waiting.demand_blocks + released_blocks
+    if wanted <= waiting.free_blocks:
+        return 0.0
+    return memory_price * (wanted - waiting.free_blocks) / wanted
 
 
 @dataclass(frozen=True, slots=True)
