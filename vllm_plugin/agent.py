@@ -36,6 +36,7 @@ from sidecar.retention.ranges import (
     block_protections,
     from_request_directives,
 )
+from vllm_plugin.demand import WaitingDemand
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.metadata import RequestMetadata, read_metadata
 from vllm_plugin.settings import PluginSettings
@@ -99,6 +100,7 @@ class EngineAgent:
         self._decode_tail = decode_tail
         self._parse_tool = parse_tool
         self.block_pool = scheduler.kv_cache_manager.block_pool
+        self.waiting_demand = WaitingDemand(scheduler, settings.waiting_demand_interval_s)
         self.metadata: dict[str, RequestMetadata] = {}
         self.pins: dict[str, Pin] = {}
         self.seq = 0
@@ -413,6 +415,14 @@ class EngineAgent:
             admission_stalled=self._admission_stalled,
         )
 
+    def _with_demand(self, kv: pb.KvCapacity) -> pb.KvCapacity:
+        """``kv`` with the waiting demand (counted for a report that goes out, at most
+        every ``waiting_demand_interval_s``)."""
+        demand = self.waiting_demand.blocks(self.clock_s())
+        if demand is not None:
+            kv.waiting_demand_blocks = demand
+        return kv
+
     def _build_report(self) -> pb.StepReport | None:
         if not self.link.connected:
             self._new.clear()
@@ -432,7 +442,7 @@ class EngineAgent:
             self._unanswered_ids.clear()
             self._finished_unanswered.clear()
             report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
-                                   snapshot=True, now_s=self.clock_s(), kv=kv,
+                                   snapshot=True, now_s=self.clock_s(), kv=self._with_demand(kv),
                                    counters=self.counters)
             for request in list(self.sched.requests.values()):
                 meta = self.metadata.get(request.request_id) or read_metadata(request)
@@ -468,7 +478,7 @@ class EngineAgent:
         self._last_report_s = now_s
         self.seq += 1
         report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
-                               now_s=now_s, kv=kv, new_requests=self._new,
+                               now_s=now_s, kv=self._with_demand(kv), new_requests=self._new,
                                events=self._events, released_pins=self._released,
                                counters=self.counters)
         self._new.clear()

@@ -18,6 +18,10 @@
   expiry by up to this much, but only while nothing changes (no block allocated or
   freed, no request added or finished, the engine not stalled): when memory matters,
   reports go every step anyway.
+- ``KVTETHER_PLUGIN_WAITING_DEMAND_MS`` (100): the blocks the waiting requests would
+  take from the free pool (shared prefixes once, ``vllm_plugin.demand``) are counted on
+  the engine's thread at most this often, the last count reported in between. 0: at
+  every report.
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
 - ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
 - ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's
@@ -60,6 +64,7 @@ class PluginSettings:
     provisional_pin_s: float = 2.0
     max_pin_s: float = 60.0
     pin_heartbeat_s: float = 0.100
+    waiting_demand_interval_s: float = 0.100
     # Retention priority of a pin released on a report older than its job's return
     # (the blocks are freed, evicted after everything below it; see EngineAgent).
     returned_job_priority: int = 90
@@ -118,6 +123,7 @@ class PluginSettings:
             provisional_pin_s=number("PROVISIONAL_PIN_S", 2.0),
             max_pin_s=number("MAX_PIN_S", 60.0),
             pin_heartbeat_s=number("PIN_HEARTBEAT_MS", 100.0) / 1000.0,
+            waiting_demand_interval_s=number("WAITING_DEMAND_MS", 100.0) / 1000.0,
             returned_job_priority=_priority(number("RETURNED_JOB_PRIORITY", 90.0)),
             enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),

@@ -61,6 +61,10 @@ class KvView:
     block_size_tokens: int
     # The engine's last step scheduled nothing although requests waited.
     admission_stalled: bool = False
+    # Blocks the waiting requests would take from the free pool, a prefix they share
+    # with each other or with a running request or pin counted once or not at all
+    # (the plugin reads vLLM's block hashes). None: not reported (an older plugin).
+    waiting_demand_blocks: int | None = None
 
     @property
     def used_fraction(self) -> float:

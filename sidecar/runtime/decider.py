@@ -114,6 +114,8 @@ class Decider:
                     "free_blocks": step.kv.free_blocks, "running": len(step.running),
                     "waiting": len(step.waiting),
                     "admission_stalled": step.kv.admission_stalled}
+                if step.kv.waiting_demand_blocks is not None:
+                    inputs["waiting_demand_blocks"] = step.kv.waiting_demand_blocks
                 priority = release.retention_priorities.get(request_id)
                 if priority is not None:
                     _check_priority(priority, hook.__name__)
@@ -204,6 +206,8 @@ class Decider:
             "free_blocks": step.kv.free_blocks,
             "total_blocks": step.kv.total_blocks,
         }
+        if step.kv.waiting_demand_blocks is not None:
+            inputs["waiting_demand_blocks"] = step.kv.waiting_demand_blocks
         if retain.action is RetainAction.PIN and retain.ttl_s > 0:
             expires_at_s = mirror.now_s + retain.ttl_s
             decision.pins.add(

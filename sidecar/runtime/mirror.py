@@ -122,6 +122,9 @@ class EngineMirror:
                 free_blocks=report.kv.free_blocks,
                 block_size_tokens=report.kv.block_size_tokens,
                 admission_stalled=report.kv.admission_stalled,
+                waiting_demand_blocks=(report.kv.waiting_demand_blocks
+                                       if report.kv.HasField("waiting_demand_blocks")
+                                       else None),
             )
         if report.HasField("counters"):
             self.counters.CopyFrom(report.counters)

@@ -99,7 +99,10 @@ async def test_job_fcfs_priorities_and_pin_lifecycle(daemon) -> None:  # type: i
     # old-job turn 1 runs and finishes having called `ls`: continuum pins it.
     await engine.send(events=[pb.RequestEvent(request_id="old-job-t1",
                                               kind=pb.EVENT_KIND_ADMITTED, at_s=3.0)])
-    decision = await engine.send(now_s=4.0, events=[finished("old-job-t1", 4.0, tool="ls")])
+    kv = pb.KvCapacity(total_blocks=1000, free_blocks=900, block_size_tokens=16,
+                       waiting_demand_blocks=12)
+    decision = await engine.send(now_s=4.0, kv=kv,
+                                 events=[finished("old-job-t1", 4.0, tool="ls")])
     (pin,) = decision.pins
     assert pin.request_id == "old-job-t1" and pin.action == pb.PIN_ACTION_PIN
     assert pin.expires_at_s > 4.0
@@ -116,6 +119,8 @@ async def test_job_fcfs_priorities_and_pin_lifecycle(daemon) -> None:  # type: i
     assert [(p.request_id, p.blocks) for p in pins.pins] == [("old-job-t1", 16)]
     why = await inspect.Explain(inspect_pb2.ExplainRequest(request_id="old-job-t1"))
     assert why.found and why.decision.kind == "pin" and "ls" in why.decision.inputs["tool"]
+    # With the demand the plugin counted (shared prefixes once) it was decided on.
+    assert why.decision.inputs["waiting_demand_blocks"] == "12"
 
     # The last step finishes: no pin for it, and the job's older pin goes.
     await engine.send(events=[pb.RequestEvent(request_id="old-job-t2",

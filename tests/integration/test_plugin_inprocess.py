@@ -197,6 +197,51 @@ def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -
     assert engine.free() == engine.start_free
 
 
+def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_all(  # type: ignore[no-untyped-def]
+        engines, fcfs) -> None:
+    engine = engines(fcfs, num_blocks=64)
+    demand = engine.agent.waiting_demand
+    prefix = [700 + i for i in range(4 * BLOCK)]
+    # A running request holds the 4-block prefix (prefilled and cached, still decoding).
+    engine.add("runner", [*prefix, 1], job=None, last=True, max_tokens=200)
+    engine.step()
+    assert [r.request_id for r in engine.sched.running] == ["runner"]
+    # Two requests wait with that prefix and 2 full blocks and 5 tokens of their own.
+    for name, base in (("w1", 1000), ("w2", 1200)):
+        engine.add(name, prefix + [base + i for i in range(2 * BLOCK + 5)], job=None, last=True)
+    # Each needs its own 2 full blocks and a partial one; the prefix is in use.
+    assert demand.count() == 2 * 3
+    # The next report carries it.
+    kv = engine.agent._with_demand(engine.agent._kv())
+    assert kv.HasField("waiting_demand_blocks") and kv.waiting_demand_blocks == 2 * 3
+    # A third waiting request repeats w1's prompt: the blocks w1 takes first serve it
+    # too, but for the partial last block each request writes its own. (Summed request
+    # by request, the queue wants 3 x 7 blocks.)
+    engine.add("w3", prefix + [1000 + i for i in range(2 * BLOCK + 5)], job=None, last=True)
+    assert demand.count() == 2 * 3 + 1
+    engine.drain()
+    assert engine.free() == engine.start_free
+    # Finished, the prefix sits cached in the free pool: admission takes those blocks
+    # out of it again, so a request that hits them still counts them.
+    engine.add("again", [*prefix, 1], job=None, last=True)
+    assert demand.count() == 5
+    engine.drain()
+
+
+def test_waiting_demand_is_recounted_at_most_every_interval(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(fcfs, num_blocks=64, WAITING_DEMAND_MS="50")
+    demand = engine.agent.waiting_demand
+    assert demand.blocks(100.0) == 0, "nothing waits"
+    engine.add("a", [300 + i for i in range(2 * BLOCK)], job=None, last=True)
+    assert demand.blocks(100.001) == 2, "the first request to wait is counted at once"
+    engine.add("b", [500 + i for i in range(3 * BLOCK)], job=None, last=True)
+    assert demand.blocks(100.02) == 2, "within the interval the last count stands"
+    assert demand.blocks(100.06) == 5
+    assert demand.blocks(99.0) == 5, "a clock that went back recounts"
+    engine.drain()
+    assert demand.blocks(100.07) == 0
+
+
 def test_an_idle_engine_does_not_wait_on_pins(engines) -> None:  # type: ignore[no-untyped-def]
     # The daemon is gone (as it is, for a round trip, on a live engine): nothing runs
     # and the pins leave too little free for the first waiting request. The engine

@@ -52,6 +52,7 @@ class StepBuilder:
     _jobs: dict[str, JobView] = field(default_factory=dict)
     _samples: dict[str, list[float]] = field(default_factory=dict)
     _stalled: bool = False
+    _demand_blocks: int | None = None
     _engine_cost: EngineCost | None = None
     _seen_until_s: float | None = None
 
@@ -147,6 +148,12 @@ class StepBuilder:
         self._stalled = True
         return self
 
+    def demand(self, blocks: int) -> StepBuilder:
+        """The plugin's count of the blocks the waiting requests would take from the
+        free pool (shared prefixes once); unset, the daemon sums each request's."""
+        self._demand_blocks = blocks
+        return self
+
     def build(self) -> StepView:
         tool_times = {tool: d for tool, samples in self._samples.items()
                       if (d := distribution(tool, samples)) is not None}
@@ -155,7 +162,8 @@ class StepBuilder:
             engine_id="engine-0",
             now_s=self.now,
             kv=KvView(self.total_blocks, self.free_blocks, self.block_size_tokens,
-                      admission_stalled=self._stalled),
+                      admission_stalled=self._stalled,
+                      waiting_demand_blocks=self._demand_blocks),
             waiting=tuple(self._waiting),
             running=tuple(self._running),
             pins=tuple(self._pins),

@@ -43,6 +43,19 @@ def test_a_request_shows_the_prefix_cache_hit_of_its_first_admission() -> None:
     assert resumed.cached_tokens == 608
 
 
+def test_the_waiting_demand_is_shown_when_the_plugin_reports_it() -> None:
+    mirror = EngineMirror("e")
+    kv = pb.KvCapacity(total_blocks=100, free_blocks=10, block_size_tokens=16)
+    mirror.apply(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=1.0, kv=kv))
+    assert mirror.kv.waiting_demand_blocks is None, "an older plugin: unknown, not 0"
+    kv.waiting_demand_blocks = 0
+    mirror.apply(pb.StepReport(engine_id="e", seq=2, now_s=2.0, kv=kv))
+    assert mirror.kv.waiting_demand_blocks == 0
+    kv.waiting_demand_blocks = 37
+    mirror.apply(pb.StepReport(engine_id="e", seq=3, now_s=3.0, kv=kv))
+    assert mirror.kv.waiting_demand_blocks == 37
+
+
 def _waiting(request_id: str, arrival_s: float) -> pb.NewRequest:
     return pb.NewRequest(request_id=request_id, job_id=request_id, arrival_s=arrival_s,
                          prompt_tokens=16, state=pb.REQUEST_STATE_WAITING)

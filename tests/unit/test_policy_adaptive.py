@@ -158,6 +158,19 @@ def test_released_contexts_price_memory_only_while_the_waiting_requests_fit() ->
     assert memory_pressure(short, 1.0, released_blocks=5000).price == pytest.approx(0.5)
 
 
+def test_the_price_takes_the_plugins_demand_that_counts_shared_prefixes_once() -> None:
+    # Ten turns of one script wait, 100 blocks each by their prompts, on 50 free
+    # blocks. Summed, they want 1,000 blocks: memory looks 95% short.
+    queue = step(now=10, total_blocks=1000, free_blocks=50)
+    for i in range(10):
+        queue = queue.waiting(f"w{i}", job=f"j{i}", prompt=1600)
+    assert memory_pressure(queue.build(), 1.0).price == pytest.approx(0.95)
+    # The plugin saw they share 90 blocks with running requests and each other: 40
+    # blocks of their own fit in the 50 free; nothing is short.
+    assert memory_pressure(queue.demand(40).build(), 1.0).price == 0.0
+    assert memory_pressure(queue.demand(100).build(), 1.0).price == pytest.approx(0.5)
+
+
 def test_a_released_context_stops_counting_once_its_job_is_back(adaptive: Policy) -> None:
     _released_big_context(adaptive)
     s = (step(now=20.1, total_blocks=24, free_blocks=8).running("r1", job="a", prompt=700)

@@ -56,9 +56,11 @@ def memory_pressure(step: StepView, memory_price: float,
     requests need every free block they evict those contexts whatever the pins do,
     and the price is the waiting demand's alone (counting both there cost the
     11-turn twin workload 3.8% at 3,000 blocks and 12 jobs/s)."""
-    pinned = pinned_blocks_by_job(step.pins)
-    size = step.kv.block_size_tokens
-    demand = sum(blocks_to_admit(r, size, pinned.get(r.job_id, 0)) for r in step.waiting)
+    demand = step.kv.waiting_demand_blocks
+    if demand is None:  # an older plugin: each request's blocks, shared or not
+        pinned = pinned_blocks_by_job(step.pins)
+        size = step.kv.block_size_tokens
+        demand = sum(blocks_to_admit(r, size, pinned.get(r.job_id, 0)) for r in step.waiting)
     free = step.kv.free_blocks
     if step.kv.admission_stalled and step.waiting:
         waiting = Pressure(free, max(demand, free + 1), memory_price)

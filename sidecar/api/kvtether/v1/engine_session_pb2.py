@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sidecar.api.kvtether.v1 import retention_pb2 as kvtether_dot_v1_dot_retention__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n kvtether/v1/engine_session.proto\x12\x0bkvtether.v1\x1a\x1bkvtether/v1/retention.proto\"m\n\nKvCapacity\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x61\x64mission_stalled\x18\x04 \x01(\x08\"\x90\x02\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x14\n\x0cis_last_step\x18\x03 \x01(\x08\x12\x11\n\tarrival_s\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x11\n\ttool_hint\x18\x06 \x01(\t\x12(\n\x05state\x18\x07 \x01(\x0e\x32\x19.kvtether.v1.RequestState\x12\x17\n\x0f\x63omputed_tokens\x18\x08 \x01(\r\x12/\n\tretention\x18\t \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x17\n\x0fretention_scope\x18\n \x01(\t\"\xd4\x01\n\x0cRequestEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.kvtether.v1.EventKind\x12\x0c\n\x04\x61t_s\x18\x03 \x01(\x01\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.kvtether.v1.FinishReason\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x0e\n\x06\x62locks\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"w\n\x08PinState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x13\n\x0bpinned_at_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x65xpires_at_s\x18\x05 \x01(\x01\x12\x0c\n\x04tool\x18\x06 \x01(\t\"\xdc\x02\n\nStepReport\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\r\n\x05now_s\x18\x04 \x01(\x01\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.kvtether.v1.KvCapacity\x12-\n\x0cnew_requests\x18\x06 \x03(\x0b\x32\x17.kvtether.v1.NewRequest\x12)\n\x06\x65vents\x18\x07 \x03(\x0b\x32\x19.kvtether.v1.RequestEvent\x12\x15\n\rreleased_pins\x18\x08 \x03(\t\x12#\n\x04pins\x18\t \x03(\x0b\x32\x15.kvtether.v1.PinState\x12-\n\x08\x63ounters\x18\n \x01(\x0b\x32\x1b.kvtether.v1.EngineCounters\x12#\n\x04work\x18\x0b \x01(\x0b\x32\x15.kvtether.v1.StepWork\"V\n\x08StepWork\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x0e\n\x06\x62usy_s\x18\x02 \x01(\x01\x12\x16\n\x0eprefill_tokens\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x04 \x01(\x04\"p\n\x0e\x45ngineCounters\x12\x16\n\x0e\x66\x61llback_steps\x18\x01 \x01(\x04\x12\x0f\n\x07resyncs\x18\x02 \x01(\x04\x12\x1a\n\x12local_pin_expiries\x18\x03 \x01(\x04\x12\x19\n\x11idle_pin_releases\x18\x04 \x01(\x04\"\xd3\x01\n\x0bPinDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x16.kvtether.v1.PinAction\x12\x14\n\x0c\x65xpires_at_s\x18\x03 \x01(\x01\x12\x1f\n\x12retention_priority\x18\x04 \x01(\rH\x00\x88\x01\x01\x12!\n\x14retention_duration_s\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_retention_priorityB\x17\n\x15_retention_duration_s\"7\n\x0fRequestPriority\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"a\n\x0e\x42lockRetention\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\r\n\x05scope\x18\x03 \x01(\t\"\xb3\x02\n\x0cStepDecision\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x18\n\x10resync_requested\x18\x02 \x01(\x08\x12\x30\n\npriorities\x18\x03 \x03(\x0b\x32\x1c.kvtether.v1.RequestPriority\x12&\n\x04pins\x18\x04 \x03(\x0b\x32\x18.kvtether.v1.PinDecision\x12.\n\tretention\x18\x05 \x03(\x0b\x32\x1b.kvtether.v1.BlockRetention\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x11\n\tdecide_us\x18\x07 \x01(\r\x12\x18\n\x10provisional_pins\x18\x08 \x01(\x08\x12\x35\n\x16pressure_release_order\x18\t \x01(\x0b\x32\x15.kvtether.v1.PinOrder\"I\n\x08PinOrder\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x18\n\x0bmax_running\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_max_running*c\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REQUEST_STATE_WAITING\x10\x01\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x02*s\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ADMITTED\x10\x01\x12\x18\n\x14\x45VENT_KIND_PREEMPTED\x10\x02\x12\x17\n\x13\x45VENT_KIND_FINISHED\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*S\n\tPinAction\x12\x1a\n\x16PIN_ACTION_UNSPECIFIED\x10\x00\x12\x12\n\x0ePIN_ACTION_PIN\x10\x01\x12\x16\n\x12PIN_ACTION_RELEASE\x10\x02\x32\x8e\x01\n\rEngineSession\x12\x41\n\x07Session\x12\x17.kvtether.v1.StepReport\x1a\x19.kvtether.v1.StepDecision(\x01\x30\x01\x12:\n\x04Step\x12\x17.kvtether.v1.StepReport\x1a\x19.kvtether.v1.StepDecisionB<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n kvtether/v1/engine_session.proto\x12\x0bkvtether.v1\x1a\x1bkvtether/v1/retention.proto\"\xab\x01\n\nKvCapacity\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x03 \x01(\r\x12\x19\n\x11\x61\x64mission_stalled\x18\x04 \x01(\x08\x12\"\n\x15waiting_demand_blocks\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x18\n\x16_waiting_demand_blocks\"\x90\x02\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x14\n\x0cis_last_step\x18\x03 \x01(\x08\x12\x11\n\tarrival_s\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x11\n\ttool_hint\x18\x06 \x01(\t\x12(\n\x05state\x18\x07 \x01(\x0e\x32\x19.kvtether.v1.RequestState\x12\x17\n\x0f\x63omputed_tokens\x18\x08 \x01(\r\x12/\n\tretention\x18\t \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x17\n\x0fretention_scope\x18\n \x01(\t\"\xd4\x01\n\x0cRequestEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.kvtether.v1.EventKind\x12\x0c\n\x04\x61t_s\x18\x03 \x01(\x01\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.kvtether.v1.FinishReason\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x0e\n\x06\x62locks\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"w\n\x08PinState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x13\n\x0bpinned_at_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x65xpires_at_s\x18\x05 \x01(\x01\x12\x0c\n\x04tool\x18\x06 \x01(\t\"\xdc\x02\n\nStepReport\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\r\n\x05now_s\x18\x04 \x01(\x01\x12#\n\x02kv\x18\x05 \x01(\x0b\x32\x17.kvtether.v1.KvCapacity\x12-\n\x0cnew_requests\x18\x06 \x03(\x0b\x32\x17.kvtether.v1.NewRequest\x12)\n\x06\x65vents\x18\x07 \x03(\x0b\x32\x19.kvtether.v1.RequestEvent\x12\x15\n\rreleased_pins\x18\x08 \x03(\t\x12#\n\x04pins\x18\t \x03(\x0b\x32\x15.kvtether.v1.PinState\x12-\n\x08\x63ounters\x18\n \x01(\x0b\x32\x1b.kvtether.v1.EngineCounters\x12#\n\x04work\x18\x0b \x01(\x0b\x32\x15.kvtether.v1.StepWork\"V\n\x08StepWork\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x0e\n\x06\x62usy_s\x18\x02 \x01(\x01\x12\x16\n\x0eprefill_tokens\x18\x03 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x04 \x01(\x04\"p\n\x0e\x45ngineCounters\x12\x16\n\x0e\x66\x61llback_steps\x18\x01 \x01(\x04\x12\x0f\n\x07resyncs\x18\x02 \x01(\x04\x12\x1a\n\x12local_pin_expiries\x18\x03 \x01(\x04\x12\x19\n\x11idle_pin_releases\x18\x04 \x01(\x04\"\xd3\x01\n\x0bPinDecision\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x16.kvtether.v1.PinAction\x12\x14\n\x0c\x65xpires_at_s\x18\x03 \x01(\x01\x12\x1f\n\x12retention_priority\x18\x04 \x01(\rH\x00\x88\x01\x01\x12!\n\x14retention_duration_s\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x15\n\x13_retention_priorityB\x17\n\x15_retention_duration_s\"7\n\x0fRequestPriority\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"a\n\x0e\x42lockRetention\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\r\n\x05scope\x18\x03 \x01(\t\"\xb3\x02\n\x0cStepDecision\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x18\n\x10resync_requested\x18\x02 \x01(\x08\x12\x30\n\npriorities\x18\x03 \x03(\x0b\x32\x1c.kvtether.v1.RequestPriority\x12&\n\x04pins\x18\x04 \x03(\x0b\x32\x18.kvtether.v1.PinDecision\x12.\n\tretention\x18\x05 \x03(\x0b\x32\x1b.kvtether.v1.BlockRetention\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x11\n\tdecide_us\x18\x07 \x01(\r\x12\x18\n\x10provisional_pins\x18\x08 \x01(\x08\x12\x35\n\x16pressure_release_order\x18\t \x01(\x0b\x32\x15.kvtether.v1.PinOrder\"I\n\x08PinOrder\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x18\n\x0bmax_running\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_max_running*c\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REQUEST_STATE_WAITING\x10\x01\x12\x19\n\x15REQUEST_STATE_RUNNING\x10\x02*s\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ADMITTED\x10\x01\x12\x18\n\x14\x45VENT_KIND_PREEMPTED\x10\x02\x12\x17\n\x13\x45VENT_KIND_FINISHED\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*S\n\tPinAction\x12\x1a\n\x16PIN_ACTION_UNSPECIFIED\x10\x00\x12\x12\n\x0ePIN_ACTION_PIN\x10\x01\x12\x16\n\x12PIN_ACTION_RELEASE\x10\x02\x32\x8e\x01\n\rEngineSession\x12\x41\n\x07Session\x12\x17.kvtether.v1.StepReport\x1a\x19.kvtether.v1.StepDecision(\x01\x30\x01\x12:\n\x04Step\x12\x17.kvtether.v1.StepReport\x1a\x19.kvtether.v1.StepDecisionB<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,38 +33,38 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvtether.v1.engine_session_
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1'
-  _globals['_REQUESTSTATE']._serialized_start=2108
-  _globals['_REQUESTSTATE']._serialized_end=2207
-  _globals['_EVENTKIND']._serialized_start=2209
-  _globals['_EVENTKIND']._serialized_end=2324
-  _globals['_FINISHREASON']._serialized_start=2327
-  _globals['_FINISHREASON']._serialized_end=2472
-  _globals['_PINACTION']._serialized_start=2474
-  _globals['_PINACTION']._serialized_end=2557
-  _globals['_KVCAPACITY']._serialized_start=78
-  _globals['_KVCAPACITY']._serialized_end=187
-  _globals['_NEWREQUEST']._serialized_start=190
-  _globals['_NEWREQUEST']._serialized_end=462
-  _globals['_REQUESTEVENT']._serialized_start=465
-  _globals['_REQUESTEVENT']._serialized_end=677
-  _globals['_PINSTATE']._serialized_start=679
-  _globals['_PINSTATE']._serialized_end=798
-  _globals['_STEPREPORT']._serialized_start=801
-  _globals['_STEPREPORT']._serialized_end=1149
-  _globals['_STEPWORK']._serialized_start=1151
-  _globals['_STEPWORK']._serialized_end=1237
-  _globals['_ENGINECOUNTERS']._serialized_start=1239
-  _globals['_ENGINECOUNTERS']._serialized_end=1351
-  _globals['_PINDECISION']._serialized_start=1354
-  _globals['_PINDECISION']._serialized_end=1565
-  _globals['_REQUESTPRIORITY']._serialized_start=1567
-  _globals['_REQUESTPRIORITY']._serialized_end=1622
-  _globals['_BLOCKRETENTION']._serialized_start=1624
-  _globals['_BLOCKRETENTION']._serialized_end=1721
-  _globals['_STEPDECISION']._serialized_start=1724
-  _globals['_STEPDECISION']._serialized_end=2031
-  _globals['_PINORDER']._serialized_start=2033
-  _globals['_PINORDER']._serialized_end=2106
-  _globals['_ENGINESESSION']._serialized_start=2560
-  _globals['_ENGINESESSION']._serialized_end=2702
+  _globals['_REQUESTSTATE']._serialized_start=2171
+  _globals['_REQUESTSTATE']._serialized_end=2270
+  _globals['_EVENTKIND']._serialized_start=2272
+  _globals['_EVENTKIND']._serialized_end=2387
+  _globals['_FINISHREASON']._serialized_start=2390
+  _globals['_FINISHREASON']._serialized_end=2535
+  _globals['_PINACTION']._serialized_start=2537
+  _globals['_PINACTION']._serialized_end=2620
+  _globals['_KVCAPACITY']._serialized_start=79
+  _globals['_KVCAPACITY']._serialized_end=250
+  _globals['_NEWREQUEST']._serialized_start=253
+  _globals['_NEWREQUEST']._serialized_end=525
+  _globals['_REQUESTEVENT']._serialized_start=528
+  _globals['_REQUESTEVENT']._serialized_end=740
+  _globals['_PINSTATE']._serialized_start=742
+  _globals['_PINSTATE']._serialized_end=861
+  _globals['_STEPREPORT']._serialized_start=864
+  _globals['_STEPREPORT']._serialized_end=1212
+  _globals['_STEPWORK']._serialized_start=1214
+  _globals['_STEPWORK']._serialized_end=1300
+  _globals['_ENGINECOUNTERS']._serialized_start=1302
+  _globals['_ENGINECOUNTERS']._serialized_end=1414
+  _globals['_PINDECISION']._serialized_start=1417
+  _globals['_PINDECISION']._serialized_end=1628
+  _globals['_REQUESTPRIORITY']._serialized_start=1630
+  _globals['_REQUESTPRIORITY']._serialized_end=1685
+  _globals['_BLOCKRETENTION']._serialized_start=1687
+  _globals['_BLOCKRETENTION']._serialized_end=1784
+  _globals['_STEPDECISION']._serialized_start=1787
+  _globals['_STEPDECISION']._serialized_end=2094
+  _globals['_PINORDER']._serialized_start=2096
+  _globals['_PINORDER']._serialized_end=2169
+  _globals['_ENGINESESSION']._serialized_start=2623
+  _globals['_ENGINESESSION']._serialized_end=2765
 # @@protoc_insertion_point(module_scope)

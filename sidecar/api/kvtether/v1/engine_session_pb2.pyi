@@ -51,16 +51,18 @@ PIN_ACTION_PIN: PinAction
 PIN_ACTION_RELEASE: PinAction
 
 class KvCapacity(_message.Message):
-    __slots__ = ("total_blocks", "free_blocks", "block_size_tokens", "admission_stalled")
+    __slots__ = ("total_blocks", "free_blocks", "block_size_tokens", "admission_stalled", "waiting_demand_blocks")
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_STALLED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_DEMAND_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     total_blocks: int
     free_blocks: int
     block_size_tokens: int
     admission_stalled: bool
-    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., admission_stalled: _Optional[bool] = ...) -> None: ...
+    waiting_demand_blocks: int
+    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., admission_stalled: _Optional[bool] = ..., waiting_demand_blocks: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("request_id", "job_id", "is_last_step", "arrival_s", "prompt_tokens", "tool_hint", "state", "computed_tokens", "retention", "retention_scope")
