@@ -47,6 +47,10 @@ class WaitingDemand:
             and getattr(pool, "hash_block_size", self._block_size) == self._block_size)
         self._last: int | None = None
         self._counted_at_s = float("-inf")
+        if self.supported:
+            from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+            self._key = make_block_hash_with_group_id
 
     def blocks(self, now_s: float) -> int | None:
         if not self.supported:
@@ -63,16 +67,15 @@ class WaitingDemand:
 
     def count(self) -> int:
         """The demand now, counted in full."""
-        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-
         get_block = self._lookup.get_one_block  # type: ignore[union-attr]
+        key = self._key
         size = self._block_size
         ahead: set[Any] = set()
 
         def taken_care_of(block_hash: Any) -> bool:
             if block_hash in ahead:
                 return True
-            block = get_block(make_block_hash_with_group_id(block_hash, 0))
+            block = get_block(key(block_hash, 0))
             return block is not None and block.ref_cnt > 0
 
         demand = 0
