@@ -109,6 +109,9 @@ class EngineAgent:
         self._events: list[pb.RequestEvent] = []
         self._released: list[str] = []
         self._provisional_pins = False  # until the daemon's policy asks for them
+        # Counted until the daemon's policy says it does not read it: a first report
+        # without it would be priced by the per-request sum.
+        self._count_waiting_demand = True
         self._pressure_order: list[str] = []
         self._pressure_max_running: int | None = None
         self._last_free_blocks = -1
@@ -417,7 +420,9 @@ class EngineAgent:
 
     def _with_demand(self, kv: pb.KvCapacity) -> pb.KvCapacity:
         """``kv`` with the waiting demand (counted for a report that goes out, at most
-        every ``waiting_demand_interval_s``)."""
+        every ``waiting_demand_interval_s``, while the daemon's policy reads it)."""
+        if not self._count_waiting_demand:
+            return kv
         demand = self.waiting_demand.blocks(self.clock_s())
         if demand is not None:
             kv.waiting_demand_blocks = demand
@@ -500,6 +505,7 @@ class EngineAgent:
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
+            self._count_waiting_demand = decision.count_waiting_demand
             if decision.HasField("pressure_release_order"):
                 order = decision.pressure_release_order
                 self._pressure_order = list(order.request_ids)

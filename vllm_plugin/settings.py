@@ -21,7 +21,8 @@
 - ``KVTETHER_PLUGIN_WAITING_DEMAND_MS`` (100): the blocks the waiting requests would
   take from the free pool (shared prefixes once, ``vllm_plugin.demand``) are counted on
   the engine's thread at most this often, the last count reported in between. 0: at
-  every report.
+  every report. Counted only while the daemon's policy reads them (its decisions say
+  so: ``adaptive`` does, the others do not).
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
 - ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
 - ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's

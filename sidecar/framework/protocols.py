@@ -89,3 +89,6 @@ class Policy(
     # Whether the engine should hold a finished non-last-step request's blocks until
     # the daemon has decided (a provisional pin). False keeps vLLM's free-at-once.
     pins_finished_requests: bool
+    # Whether the policy reads ``KvView.waiting_demand_blocks``: the plugin counts it
+    # on the engine's thread only for a policy that does.
+    reads_waiting_demand: bool

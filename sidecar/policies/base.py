@@ -50,6 +50,7 @@ class NativePolicy:
 
     name: str = "native"
     pins_finished_requests: bool = False
+    reads_waiting_demand: bool = False
     params_model: ClassVar[type[PolicyParams]] = NativeParams
 
     def __init__(self, params: PolicyParams | None = None) -> None:

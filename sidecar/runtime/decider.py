@@ -83,7 +83,8 @@ class Decider:
         started_ns = time.perf_counter_ns()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(seq=seq, policy=self.policy.name,
-                                   provisional_pins=self.policy.pins_finished_requests)
+                                   provisional_pins=self.policy.pins_finished_requests,
+                                   count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:
             self.recorder.on_arrival(live.view())

@@ -198,8 +198,8 @@ def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -
 
 
 def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_all(  # type: ignore[no-untyped-def]
-        engines, fcfs) -> None:
-    engine = engines(fcfs, num_blocks=64)
+        engines, adaptive) -> None:
+    engine = engines(adaptive, num_blocks=64)
     demand = engine.agent.waiting_demand
     prefix = [700 + i for i in range(4 * BLOCK)]
     # A running request holds the 4-block prefix (prefilled and cached, still decoding).
@@ -225,6 +225,36 @@ def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_al
     # out of it again, so a request that hits them still counts them.
     engine.add("again", [*prefix, 1], job=None, last=True)
     assert demand.count() == 5
+    engine.drain()
+
+
+@pytest.mark.parametrize("policy, reads", [("fcfs", False), ("adaptive", True)])
+def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(  # type: ignore[no-untyped-def]
+        engines, request, policy, reads) -> None:
+    engine = engines(request.getfixturevalue(policy), num_blocks=20, WAITING_DEMAND_MS="0")
+    counts: list[int] = []
+    count = engine.agent.waiting_demand.count
+
+    def counted() -> int:
+        counts.append(count())
+        return counts[-1]
+
+    engine.agent.waiting_demand.count = counted
+    engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
+    engine.step()
+    for name in ("w1", "w2"):  # 8 blocks each: they wait on the hog's 13-15 of 19
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+    for _ in range(5):
+        engine.step()
+    assert len(engine.sched.waiting) == 2
+    kv = engine.agent._with_demand(engine.agent._kv())
+    if reads:
+        assert counts[-1] == 8 and len(counts) >= 2, "counted for the reports"
+        assert kv.waiting_demand_blocks == 8, "one shared prompt of 8 blocks"
+    else:
+        # At most the first report's, before the daemon's first decision said no.
+        assert len(counts) <= 1
+        assert not kv.HasField("waiting_demand_blocks")
     engine.drain()
 
 

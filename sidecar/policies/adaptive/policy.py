@@ -155,6 +155,7 @@ class _StepMemo:
 class AdaptivePolicy(NativePolicy):
     name = "adaptive"
     pins_finished_requests = True
+    reads_waiting_demand = True  # the price of memory (value.memory_pressure)
     params_model: ClassVar[type[PolicyParams]] = AdaptiveParams
     params: AdaptiveParams
 
