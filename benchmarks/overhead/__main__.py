@@ -25,12 +25,12 @@ OUT = ROOT / "benchmarks" / "results" / "overhead"
 
 
 
-def _start_daemon(tcp: str, unix_socket: str) -> subprocess.Popen[bytes]:
+def _start_daemon(tcp: str, unix_socket: str, policy: str) -> subprocess.Popen[bytes]:
     from tests.support.daemon import serve_command, wait_serving
 
     process = subprocess.Popen(
         serve_command("--listen", tcp, "--unix-socket", unix_socket, "--metrics-port", "-1",
-                      "--policy", "continuum", "--log-level", "warning"),
+                      "--policy", policy, "--log-level", "warning"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_serving(tcp, process=process)  # type: ignore[arg-type]
     return process
@@ -86,6 +86,9 @@ def main() -> int:
                         help="simulated forward pass per step (not timed; 0 = none)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="duration of each daemon-throughput point")
+    parser.add_argument("--policy", default="continuum",
+                        help="the daemon's policy (adaptive: the plugin also counts the "
+                             "waiting demand, which only adaptive reads)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -104,7 +107,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))
     tcp = f"127.0.0.1:{free_port()}"
     unix_socket = str(scratch / "kvtether.sock")
-    daemon = _start_daemon(tcp, unix_socket)
+    daemon = _start_daemon(tcp, unix_socket, args.policy)
     shape = LoadShape()
     base_env: dict[str, str] = {}
     addresses = {"plugin_tcp": tcp, "plugin_unix": f"unix:{unix_socket}",
@@ -152,7 +155,7 @@ def main() -> int:
         "load": {"running": shape.running, "waiting": shape.waiting,
                  "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "block_size": shape.block_size, "num_blocks": shape.num_blocks,
-                 "policy": "continuum", "forward_ms": args.forward_ms},
+                 "policy": args.policy, "forward_ms": args.forward_ms},
         "engine_step": engine_step,
         "daemon_throughput": throughput,
     }
@@ -164,13 +167,18 @@ def main() -> int:
     print(f"vLLM native: {native['step_ms_p50']:.3f} ms p50, {native['step_ms_p99']:.3f} ms "
           f"p99 per step (schedule + update_from_output), "
           f"{native['running']} running / {native['waiting']} waiting")
-    print(f"{'mode':<12} {'added p50 ms':>12} {'added p99 ms':>12} {'ratio p50':>9} "
-          f"{'lag p99':>7} {'fallback':>8}")
+    print(f"{'mode':<12} {'added p50 ms':>12} {'added p99 ms':>12} "
+          f"{'ratio p50':>9} {'lag p99':>7} {'fallback':>8} {'demand counts':>13}")
     for mode in MODES[1:]:
         entry = engine_step[mode]
-        print(f"{mode:<12} {entry['added_ms_p50']:>12.3f} {entry['added_ms_p99']:>12.3f} "
-              f"{entry['added_ratio_p50']:>9.1%} {entry['decision_lag_steps_p99']!s:>7} "
-              f"{entry['fallback_steps']:>8}")
+        counts = (f"{entry['demand_count_ms_p50']:.3f} ms x{entry['demand_counts_per_step']:.2f}"
+                  if entry["demand_count_ms_p50"] is not None else "-")
+        print(f"{mode:<12} {entry['added_ms_p50']:>12.3f} "
+              f"{entry['added_ms_p99']:>12.3f} {entry['added_ratio_p50']:>9.1%} "
+              f"{entry['decision_lag_steps_p99']!s:>7} {entry['fallback_steps']:>8} "
+              f"{counts:>13}")
+    print(f"daemon policy {args.policy}; demand counts: the waiting-demand count's p50 time, "
+          "x counts per step")
     print(f"\n{'engines':>7} {'reports/s':>10} {'per core':>9} {'cpu us/report':>13} "
           f"{'RSS MiB':>8}")
     for entry in throughput:

@@ -4,7 +4,8 @@ Four copies of vLLM's real ``Scheduler`` (no model, no worker) run the same stea
 workload, step by step, interleaved so that they share the machine's conditions:
 
 - ``native``       vLLM's scheduler, PRIORITY policy, no plugin;
-- ``plugin_tcp``   KvtetherScheduler with the daemon over TCP (continuum policy);
+- ``plugin_tcp``   KvtetherScheduler with the daemon over TCP (continuum policy, or
+                   ``--policy``);
 - ``plugin_unix``  the same over a Unix socket;
 - ``fallback``     the plugin with the daemon unreachable (fail-open).
 
@@ -99,6 +100,21 @@ class SteadyEngine:
         self.arrivals = Arrivals(shape)
         self.clock_s = 1_000.0
         self.step_times_s: list[float] = []
+        # Each waiting-demand count the plugin ran, timed (its share of the steps).
+        self.demand_count_s: list[float] = []
+        self.recording = False
+        agent = self.agent
+        if agent is not None and agent.waiting_demand.supported:
+            count = agent.waiting_demand.count
+
+            def timed_count() -> int:
+                started = time.perf_counter()
+                blocks = count()
+                if self.recording:
+                    self.demand_count_s.append(time.perf_counter() - started)
+                return int(blocks)
+
+            agent.waiting_demand.count = timed_count
 
     @property
     def agent(self) -> Any:
@@ -119,6 +135,7 @@ class SteadyEngine:
         from vllm_plugin.inprocess import model_output
 
         self.top_up()
+        self.recording = record
         started = time.perf_counter()
         output = self.sched.schedule()
         scheduled = time.perf_counter()
@@ -186,6 +203,9 @@ def summarize(engines: dict[str, SteadyEngine]) -> dict[str, Any]:
                     "decision_lag_steps_p99": lag_p99 if total else None,
                     "fallback_steps": agent.counters.fallback_steps,
                     "pins_held_at_end": len(agent.pins),
+                    "demand_counts_per_step": len(engine.demand_count_s) / max(1, len(times)),
+                    "demand_count_ms_p50": (statistics.median(engine.demand_count_s) * 1e3
+                                            if engine.demand_count_s else None),
                 })
         result[mode] = entry
     return result
