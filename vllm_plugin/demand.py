@@ -63,6 +63,7 @@ class WaitingDemand:
         self._counted_at_s = float("-inf")
         # The waiting requests' chains as of the last count, by request id.
         self._chains = ChainOrder()
+        self._group_0: bytes | None = None
         if self.supported:
             from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
@@ -70,13 +71,12 @@ class WaitingDemand:
             self._get_block = self._lookup.get_one_block  # type: ignore[union-attr]
             # vLLM 0.32 keys a group-0 block by its hash and 4 bytes of group id;
             # appending them is 2-3x cheaper than the call, the count's biggest cost.
-            # Another key scheme falls back to the call.
+            # Another key scheme goes through the call.
             group_0 = make_block_hash_with_group_id(b"", 0)
             probe = b"kvtether"
             if isinstance(group_0, bytes) and make_block_hash_with_group_id(
                     probe, 0) == probe + group_0:
                 self._group_0 = group_0
-                self._in_use = self._in_use_appended  # type: ignore[method-assign]
 
     def blocks(self, now_s: float) -> int | None:
         if not self.supported:
@@ -151,11 +151,9 @@ class WaitingDemand:
 
     def _in_use(self, block_hash: Any) -> bool:
         # The block admission would hit (the first cached one of that hash).
-        block = self._get_block(self._key(block_hash, 0))
-        return block is not None and block.ref_cnt > 0
-
-    def _in_use_appended(self, block_hash: Any) -> bool:
-        block = self._get_block(block_hash + self._group_0)
+        group_0 = self._group_0
+        block = self._get_block(block_hash + group_0 if group_0 is not None
+                                else self._key(block_hash, 0))
         return block is not None and block.ref_cnt > 0
 
 
