@@ -505,6 +505,8 @@ class EngineAgent:
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
+            if self._count_waiting_demand and not decision.count_waiting_demand:
+                self.waiting_demand.forget()  # holds the waiting requests' hashes
             self._count_waiting_demand = decision.count_waiting_demand
             if decision.HasField("pressure_release_order"):
                 order = decision.pressure_release_order

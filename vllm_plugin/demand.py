@@ -82,8 +82,7 @@ class WaitingDemand:
         if not self.supported:
             return None
         if not self._sched.waiting:
-            self._last = None  # the next request to wait is counted at once
-            self._chains.clear()
+            self.forget()  # the next request to wait is counted at once
             return 0
         stale = (self._last is None or now_s - self._counted_at_s >= self._interval_s
                  or now_s < self._counted_at_s)
@@ -91,6 +90,11 @@ class WaitingDemand:
             self._last = self.count()
             self._counted_at_s = now_s
         return self._last
+
+    def forget(self) -> None:
+        """Drops the last count and the chains; the next ``blocks`` counts afresh."""
+        self._last = None
+        self._chains.clear()
 
     def count(self) -> int:
         """The demand now."""
