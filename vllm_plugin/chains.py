@@ -22,24 +22,29 @@ from typing import Any
 _order_ties = itertools.count()
 
 
+def prefix_length(holds: Callable[[int], bool], low: int, high: int) -> int:
+    """How many leading blocks ``holds`` (by index) for, where it holds for a prefix of
+    the blocks: known to hold before ``low`` and not to from ``high`` on. Bisection."""
+    while low < high:
+        mid = (low + high + 1) // 2
+        if holds(mid - 1):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def shared_blocks(a: Sequence[Any], a_blocks: int, b: Sequence[Any], b_blocks: int) -> int:
     """How many leading blocks two chains share (of their first ``a_blocks`` /
     ``b_blocks``). Equal hashes at ``k`` mean equal prefixes up to ``k``, so bisection on
     the last equal position finds it; the ends first (a chain repeated or extended,
     chains with nothing in common)."""
-    low, high = 0, min(a_blocks, b_blocks)
-    if high == 0 or a[0] != b[0]:
+    length = min(a_blocks, b_blocks)
+    if length == 0 or a[0] != b[0]:
         return 0
-    if a[high - 1] == b[high - 1]:
-        return high
-    low, high = 1, high - 1  # a[low - 1] == b[low - 1]; a[high] != b[high]
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    if a[length - 1] == b[length - 1]:
+        return length
+    return prefix_length(lambda index: bool(a[index] == b[index]), 1, length - 1)
 
 
 class Chain:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_plugin.chains import Chain, ChainOrder
+from vllm_plugin.chains import Chain, ChainOrder, prefix_length
 
 
 class WaitingDemand:
@@ -144,14 +144,8 @@ class WaitingDemand:
         before ``low`` are in use (or shared, counted anyway), and blocks past ``high``
         are not in use. Remembered for the next count."""
         hashes, in_use = chain.hashes, self._in_use
-        while low < high:
-            mid = (low + high + 1) // 2
-            if in_use(hashes[mid - 1]):
-                low = mid
-            else:
-                high = mid - 1
-        chain.in_use_memo = low
-        return low
+        chain.in_use_memo = prefix_length(lambda index: in_use(hashes[index]), low, high)
+        return chain.in_use_memo
 
     def _in_use(self, block_hash: Any) -> bool:
         # The block admission would hit (the first cached one of that hash).
