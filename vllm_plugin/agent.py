@@ -336,7 +336,7 @@ class EngineAgent:
         report = self._build_report()
         if report is None:
             return
-        if self.link.send(report):
+        if self.link.send(report, self._finish_on_link()):
             if report.snapshot:
                 self._sent_at_step.clear()  # answers to an older session never come
             self._sent_at_step[report.seq] = self.step_index
@@ -419,14 +419,37 @@ class EngineAgent:
         )
 
     def _with_demand(self, kv: pb.KvCapacity) -> pb.KvCapacity:
-        """``kv`` with the waiting demand (counted for a report that goes out, at most
-        every ``waiting_demand_interval_s``, while the daemon's policy reads it)."""
+        """``kv`` with the waiting demand counted now, on this thread (at most every
+        ``waiting_demand_interval_s``, while the daemon's policy reads it)."""
         if not self._count_waiting_demand:
             return kv
         demand = self.waiting_demand.blocks(self.clock_s())
         if demand is not None:
             kv.waiting_demand_blocks = demand
         return kv
+
+    def _demand_on_engine(self, kv: pb.KvCapacity) -> pb.KvCapacity:
+        """``kv`` for a report being built: with the demand where the engine thread
+        counts it (``KVTETHER_PLUGIN_WAITING_DEMAND_THREAD=engine``)."""
+        if self.settings.waiting_demand_thread != "engine":
+            return kv
+        return self._with_demand(kv)
+
+    def _finish_on_link(self) -> Callable[[pb.StepReport], None] | None:
+        """What the link's thread adds to a report before it goes out: the waiting
+        demand, where the link's thread counts it (the default), while the engine
+        thread waits on its workers. As of the report's clock; a count that races the
+        engine thread's changes raises, and the report goes without it."""
+        if self.settings.waiting_demand_thread != "link" or not self._count_waiting_demand:
+            return None
+        demand = self.waiting_demand
+
+        def finish(report: pb.StepReport) -> None:
+            blocks = demand.blocks(report.now_s)
+            if blocks is not None:
+                report.kv.waiting_demand_blocks = blocks
+
+        return finish
 
     def _build_report(self) -> pb.StepReport | None:
         if not self.link.connected:
@@ -447,8 +470,8 @@ class EngineAgent:
             self._unanswered_ids.clear()
             self._finished_unanswered.clear()
             report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
-                                   snapshot=True, now_s=self.clock_s(), kv=self._with_demand(kv),
-                                   counters=self.counters)
+                                   snapshot=True, now_s=self.clock_s(),
+                                   kv=self._demand_on_engine(kv), counters=self.counters)
             for request in list(self.sched.requests.values()):
                 meta = self.metadata.get(request.request_id) or read_metadata(request)
                 state = (pb.REQUEST_STATE_RUNNING if _is_running(request)
@@ -483,7 +506,7 @@ class EngineAgent:
         self._last_report_s = now_s
         self.seq += 1
         report = pb.StepReport(engine_id=self.settings.engine_id, seq=self.seq,
-                               now_s=now_s, kv=self._with_demand(kv), new_requests=self._new,
+                               now_s=now_s, kv=self._demand_on_engine(kv), new_requests=self._new,
                                events=self._events, released_pins=self._released,
                                counters=self.counters)
         self._new.clear()
@@ -505,8 +528,9 @@ class EngineAgent:
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
-            if self._count_waiting_demand and not decision.count_waiting_demand:
-                self.waiting_demand.forget()  # holds the waiting requests' hashes
+            if self._count_waiting_demand != decision.count_waiting_demand:
+                # Stopped, it drops the waiting requests' hashes it holds.
+                self.waiting_demand.enable(decision.count_waiting_demand)
             self._count_waiting_demand = decision.count_waiting_demand
             if decision.HasField("pressure_release_order"):
                 order = decision.pressure_release_order

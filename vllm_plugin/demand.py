@@ -30,14 +30,22 @@ A count is a block lookup or two a request, whatever its length:
 So a request is counted for its blocks past the longer of the two prefixes. At 200
 waiting requests of 16 blocks a count took 0.85 ms in ``benchmarks.overhead``, where
 adding every block of every request to a set, as before, took 1.9-2.5 ms, and that
-grew with the contexts (4.0 ms against 0.66 ms at 192 blocks a request). It runs on the
-engine's thread: only while the daemon's policy reads it (the agent asks), at most
-once every ``interval_s`` of the engine's clock, the last count standing in between
-(the policy's prices move over seconds, not steps).
+grew with the contexts (4.0 ms against 0.66 ms at 192 blocks a request). It runs only
+while the daemon's policy reads it (the agent asks), at most once every
+``interval_s`` of the engine's clock, the last count standing in between (the
+policy's prices move over seconds, not steps).
+
+By default it runs on the link's thread as the report goes out, while the engine
+thread waits on its workers; it then reads vLLM's structures as the engine thread
+changes them. It copies the waiting queue before walking it, and a lookup that
+races a change can raise or read a block a moment old: the agent sends that report
+without the count and drops the chains (the next count starts afresh). Everything
+here is guarded by one lock: the engine thread only takes it to stop the counting.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from vllm_plugin.chains import Chain, ChainOrder, prefix_length
@@ -59,6 +67,8 @@ class WaitingDemand:
             self._block_size > 0 and self._lookup is not None
             and getattr(pool, "enable_caching", False)
             and getattr(pool, "hash_block_size", self._block_size) == self._block_size)
+        self._lock = threading.Lock()
+        self._enabled = True
         self._last: int | None = None
         self._counted_at_s = float("-inf")
         # The waiting requests' chains as of the last count, by request id.
@@ -79,20 +89,38 @@ class WaitingDemand:
                 self._group_0 = group_0
 
     def blocks(self, now_s: float) -> int | None:
-        if not self.supported:
-            return None
-        if not self._sched.waiting:
-            self.forget()  # the next request to wait is counted at once
-            return 0
-        stale = (self._last is None or now_s - self._counted_at_s >= self._interval_s
-                 or now_s < self._counted_at_s)
-        if stale:
-            self._last = self.count()
-            self._counted_at_s = now_s
-        return self._last
+        """The demand as of the engine clock ``now_s``; None while not counted."""
+        with self._lock:
+            if not self.supported or not self._enabled:
+                return None
+            if not self._sched.waiting:
+                self._drop()  # the next request to wait is counted at once
+                return 0
+            stale = (self._last is None or now_s - self._counted_at_s >= self._interval_s
+                     or now_s < self._counted_at_s)
+            if stale:
+                try:
+                    self._last = self.count()
+                except BaseException:
+                    self._drop()  # half-updated chains: start afresh next time
+                    raise
+                self._counted_at_s = now_s
+            return self._last
+
+    def enable(self, on: bool) -> None:
+        """Counts (the default) or stops; stopped, it keeps nothing and ``blocks`` is
+        None until enabled again."""
+        with self._lock:
+            self._enabled = on
+            if not on:
+                self._drop()  # the chains hold the waiting requests' hashes
 
     def forget(self) -> None:
         """Drops the last count and the chains; the next ``blocks`` counts afresh."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
         self._last = None
         self._chains.clear()
 
@@ -127,7 +155,8 @@ class WaitingDemand:
         chains = self._chains
         known = chains.get
         size = self._block_size
-        waiting = _unordered(self._sched.waiting)
+        # A copy (one C call): the engine thread may be changing the queue meanwhile.
+        waiting = list(_unordered(self._sched.waiting))
         for request in waiting:
             chain = known(request.request_id)
             tokens = request.num_tokens

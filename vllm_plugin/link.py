@@ -1,12 +1,14 @@
 """The engine's link to the daemon: one Session stream, run on a background thread.
 
 The engine thread only ever touches three methods, none of which blocks for long:
-``send(report)`` (enqueue), ``take_decisions(wait_s)`` (the decisions that arrived,
-waiting at most ``wait_s`` for the answer to the newest report) and
+``send(report, finish)`` (enqueue), ``take_decisions(wait_s)`` (the decisions that
+arrived, waiting at most ``wait_s`` for the answer to the newest report) and
 ``needs_snapshot`` (the next report must carry the whole state). Everything on the
 network — connecting, reconnecting with backoff, reading answers — happens on the
 link's own thread, so a slow, frozen or dead daemon costs the engine at most the
-wait it chose.
+wait it chose. ``finish`` completes a report there too, just before it goes out:
+work the engine thread hands off (the waiting-demand count), done while the engine
+waits on its workers with the GIL released.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -32,6 +34,9 @@ _CLOSE = object()
 _BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
 # Reports queued while disconnected are dropped: the reconnect starts with a snapshot.
 _MAX_QUEUED_REPORTS = 1024
+
+# Completes a report on the link's thread, just before it is sent.
+Finish = Callable[[pb.StepReport], None]
 
 
 class DaemonLink:
@@ -54,6 +59,8 @@ class DaemonLink:
         self._connected = threading.Event()
         self._closing = threading.Event()
         self.reconnects = 0
+        # Reports whose ``finish`` raised (sent without what it adds); the first is logged.
+        self.finish_errors = 0
         self._thread = threading.Thread(target=self._run, name="kvtether-link", daemon=True)
         if connect:
             self._thread.start()
@@ -67,9 +74,13 @@ class DaemonLink:
     def needs_snapshot(self) -> bool:
         return self._snapshot_needed.is_set()
 
-    def send(self, report: pb.StepReport) -> bool:
+    def send(self, report: pb.StepReport, finish: Finish | None = None) -> bool:
         """Queue a report; False (and nothing queued) when the daemon is not connected
-        or the next report must be a snapshot and this one is not."""
+        or the next report must be a snapshot and this one is not. ``finish(report)``
+        runs on the link's side (gRPC's thread that writes the stream) just before the
+        report goes out; the engine thread must not change the report after this
+        (reading it is safe: each protobuf call holds the GIL). A ``finish`` that
+        raises is logged and the report goes out as it is."""
         if not self._connected.is_set():
             return False
         if self._snapshot_needed.is_set():
@@ -77,7 +88,7 @@ class DaemonLink:
                 return False
             self._snapshot_needed.clear()
         try:
-            self._outbox.put_nowait(report)
+            self._outbox.put_nowait((report, finish))
         except queue.Full:
             self._snapshot_needed.set()
             return False
@@ -109,14 +120,23 @@ class DaemonLink:
             self._thread.join(timeout=2)
 
     # --- link thread --------------------------------------------------------------
-    @staticmethod
-    def _reports(outbox: queue.Queue[object]) -> Iterator[pb.StepReport]:
+    def _reports(self, outbox: queue.Queue[object]) -> Iterator[pb.StepReport]:
         while True:
             item = outbox.get()
             if item is _CLOSE:
                 return
-            assert isinstance(item, pb.StepReport)
-            yield item
+            assert isinstance(item, tuple)
+            report: pb.StepReport = item[0]
+            finish: Finish | None = item[1]
+            if finish is not None:
+                try:
+                    finish(report)
+                except Exception:  # raised out of this iterator, it would end the stream
+                    self.finish_errors += 1
+                    if self.finish_errors == 1:
+                        logger.warning("kvtether: a report went out unfinished",
+                                       exc_info=True)
+            yield report
 
     def _run(self) -> None:
         attempt = 0

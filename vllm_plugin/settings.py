@@ -19,10 +19,16 @@
   freed, no request added or finished, the engine not stalled): when memory matters,
   reports go every step anyway.
 - ``KVTETHER_PLUGIN_WAITING_DEMAND_MS`` (100): the blocks the waiting requests would
-  take from the free pool (shared prefixes once, ``vllm_plugin.demand``) are counted on
-  the engine's thread at most this often, the last count reported in between. 0: at
-  every report. Counted only while the daemon's policy reads them (its decisions say
-  so: ``adaptive`` does, the others do not).
+  take from the free pool (shared prefixes once, ``vllm_plugin.demand``) are counted at
+  most this often, the last count reported in between. 0: at every report. Counted
+  only while the daemon's policy reads them (its decisions say so: ``adaptive`` does,
+  the others do not).
+- ``KVTETHER_PLUGIN_WAITING_DEMAND_THREAD`` (link): where the count runs. ``link``:
+  on the link's thread as the report goes out, while the engine thread waits on its
+  workers (the forward pass releases the GIL), so the count reads the queue a moment
+  after the rest of the report. ``engine``: on the engine thread as the report is
+  built, everything in it as of one instant (the digital twin, whose steps take no
+  time, counts there so that a run is a function of its inputs).
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
 - ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
 - ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's
@@ -66,6 +72,8 @@ class PluginSettings:
     max_pin_s: float = 60.0
     pin_heartbeat_s: float = 0.100
     waiting_demand_interval_s: float = 0.100
+    # "link" or "engine": the thread that counts the waiting demand.
+    waiting_demand_thread: str = "link"
     # Retention priority of a pin released on a report older than its job's return
     # (the blocks are freed, evicted after everything below it; see EngineAgent).
     returned_job_priority: int = 90
@@ -100,6 +108,10 @@ class PluginSettings:
         if fail_mode not in ("open", "closed"):
             raise PluginSettingsError(f"{PREFIX}FAIL_MODE: expected open or closed, got "
                                       f"{fail_mode!r}")
+        demand_thread = env.get(PREFIX + "WAITING_DEMAND_THREAD", "link").strip().lower()
+        if demand_thread not in ("link", "engine"):
+            raise PluginSettingsError(f"{PREFIX}WAITING_DEMAND_THREAD: expected link or "
+                                      f"engine, got {demand_thread!r}")
         enabled = env.get(PREFIX + "ENABLED", "1").strip().lower()
         if enabled not in ("0", "1", "true", "false", "yes", "no"):
             raise PluginSettingsError(f"{PREFIX}ENABLED: expected 0 or 1, got {enabled!r}")
@@ -125,6 +137,7 @@ class PluginSettings:
             max_pin_s=number("MAX_PIN_S", 60.0),
             pin_heartbeat_s=number("PIN_HEARTBEAT_MS", 100.0) / 1000.0,
             waiting_demand_interval_s=number("WAITING_DEMAND_MS", 100.0) / 1000.0,
+            waiting_demand_thread=demand_thread,
             returned_job_priority=_priority(number("RETURNED_JOB_PRIORITY", 90.0)),
             enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),

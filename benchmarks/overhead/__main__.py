@@ -128,10 +128,15 @@ def main() -> int:
         link = engines["plugin_tcp"].agent.link
         send = link.send
 
-        def recording_send(report: Any) -> bool:
-            if len(recorded) < 400:
-                recorded.append(report.SerializeToString())
-            return bool(send(report))
+        def recording_send(report: Any, finish: Any = None) -> bool:
+            # Recorded as sent: after what the link's thread adds (the waiting demand).
+            def record(report: Any) -> None:
+                if finish is not None:
+                    finish(report)
+                if len(recorded) < 400:
+                    recorded.append(report.SerializeToString())
+
+            return bool(send(report, record))
 
         link.send = recording_send
         for index in interleaved(list(engines.values()), args.steps, args.warmup,

@@ -110,6 +110,10 @@ def _plugin_env(address: str) -> Iterator[None]:
         # A report every step while pins are held: the daemon re-values them as often
         # as the engine steps (the sweeps in benchmarks/results/twin ran this way).
         "KVTETHER_PLUGIN_PIN_HEARTBEAT_MS": "0",
+        # The waiting demand counted as the report is built: on the link's thread it
+        # would read the queue whenever that thread got to it (the twin's steps take
+        # no time), and a run would depend on this box's speed.
+        "KVTETHER_PLUGIN_WAITING_DEMAND_THREAD": "engine",
         "KVTETHER_PLUGIN_FAIL_MODE": "open",
         "KVTETHER_PLUGIN_ENABLED": "1",
     }

@@ -199,7 +199,8 @@ def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -
 
 def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_all(  # type: ignore[no-untyped-def]
         engines, adaptive) -> None:
-    engine = engines(adaptive, num_blocks=64)
+    # Counted as each report is built: what is asked below is the queue of this instant.
+    engine = engines(adaptive, num_blocks=64, WAITING_DEMAND_THREAD="engine")
     demand = engine.agent.waiting_demand
     prefix = [700 + i for i in range(4 * BLOCK)]
     # A running request holds the 4-block prefix (prefilled and cached, still decoding).
@@ -259,8 +260,118 @@ def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(  # type:
     engine.drain()
 
 
-def test_waiting_demand_is_recounted_at_most_every_interval(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
-    engine = engines(fcfs, num_blocks=64, WAITING_DEMAND_MS="50")
+def _reports_as_sent(engine: Engine) -> list[Any]:
+    """The reports the engine sends, as they go out (after the link's thread has
+    finished them)."""
+    sent: list[Any] = []
+    send = engine.agent.link.send
+
+    def record(report: Any, finish: Any = None) -> bool:
+        def finished(report: Any) -> None:
+            try:
+                if finish is not None:
+                    finish(report)
+            finally:  # a finish that raises: the report goes out all the same
+                sent.append(report)
+
+        return bool(send(report, finished))
+
+    engine.agent.link.send = record
+    return sent
+
+
+def test_the_link_thread_counts_the_waiting_demand_off_the_engine_thread(  # type: ignore[no-untyped-def]
+        engines, adaptive) -> None:
+    import threading
+
+    engine = engines(adaptive, num_blocks=20, WAITING_DEMAND_MS="0")
+    demand = engine.agent.waiting_demand
+    counted_on: list[str] = []
+    count = demand.count
+
+    def counted() -> int:
+        counted_on.append(threading.current_thread().name)
+        return count()
+
+    demand.count = counted
+    sent = _reports_as_sent(engine)
+    engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
+    for name in ("w1", "w2"):  # 8 blocks each: they wait on the hog's 13-15 of 19
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+    for _ in range(6):
+        engine.step()
+    wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
+    assert len(engine.sched.waiting) == 2
+    assert counted_on and threading.main_thread().name not in counted_on, counted_on
+    last = sent[-1].kv
+    assert last.HasField("waiting_demand_blocks") and last.waiting_demand_blocks == 8, (
+        "one shared prompt of 8 blocks, counted by the link's thread")
+    engine.drain()
+    assert engine.free() == engine.start_free
+
+
+def test_a_count_that_fails_on_the_link_thread_costs_that_report_its_count_only(  # type: ignore[no-untyped-def]
+        engines, adaptive) -> None:
+    # A count racing the engine thread's changes can raise (a vLLM dict changed size
+    # under it): the report goes out without the count, the stream stays up, and the
+    # next count starts afresh.
+    engine = engines(adaptive, num_blocks=20, WAITING_DEMAND_MS="0")
+    demand = engine.agent.waiting_demand
+    count = demand.count
+    failures = [RuntimeError("dictionary changed size during iteration")]
+
+    def racing() -> int:
+        if failures:
+            raise failures.pop()
+        return count()
+
+    demand.count = racing
+    sent = _reports_as_sent(engine)
+    engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
+    for name in ("w1", "w2"):
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+    for _ in range(6):
+        engine.step()
+    wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
+    assert engine.agent.link.finish_errors == 1 and engine.agent.link.connected
+    assert len(sent[0].new_requests) == 3, "the first report: the three requests"
+    assert not sent[0].kv.HasField("waiting_demand_blocks"), "the report that raced"
+    assert sent[-1].kv.waiting_demand_blocks == 8, "counted again at the next report"
+    assert engine.agent.counters.fallback_steps == 0, "the engine stayed on the daemon's policy"
+    engine.drain()
+    assert engine.free() == engine.start_free
+
+
+def test_the_link_thread_counts_while_the_engine_thread_changes_the_queue(  # type: ignore[no-untyped-def]
+        engines, adaptive) -> None:
+    # Agent turns sharing prefixes arrive, wait, run and finish while every report is
+    # counted on the link's thread: the engine never fails, every request completes,
+    # nothing leaks, and the counts stay within what the queue could want.
+    import random
+
+    engine = engines(adaptive, num_blocks=40, WAITING_DEMAND_MS="0")
+    sent = _reports_as_sent(engine)
+    rng = random.Random(7)
+    scripts = [[rng.randrange(2, 2000) for _ in range(6 * BLOCK)] for _ in range(4)]
+    for index in range(60):
+        script = rng.choice(scripts)
+        tail = [rng.randrange(2, 2000) for _ in range(rng.randrange(1, 3 * BLOCK))]
+        engine.add(f"r{index}", script[: rng.randrange(BLOCK, 6 * BLOCK)] + tail,
+                   job=f"job{index % 9}", last=True, max_tokens=rng.randrange(1, 12))
+        for _ in range(rng.randrange(0, 3)):
+            engine.step()
+    engine.drain()
+    wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
+    counts = [r.kv.waiting_demand_blocks for r in sent if r.kv.HasField("waiting_demand_blocks")]
+    assert len(counts) > 20, "counted on the reports"
+    assert all(0 <= blocks <= 60 * 9 for blocks in counts), "at most every waiting block"
+    assert engine.agent.link.connected
+    assert engine.free() == engine.start_free
+
+
+def test_waiting_demand_is_recounted_at_most_every_interval(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(adaptive, num_blocks=64, WAITING_DEMAND_MS="50",
+                     WAITING_DEMAND_THREAD="engine")
     demand = engine.agent.waiting_demand
     assert demand.blocks(100.0) == 0, "nothing waits"
     engine.add("a", [300 + i for i in range(2 * BLOCK)], job=None, last=True)
@@ -478,14 +589,7 @@ def test_async_scheduler_variant_is_chosen_and_works(engines, continuum) -> None
 def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ignore[no-untyped-def]
         engines, fcfs) -> None:
     engine = engines(fcfs, num_blocks=64)
-    sent: list[Any] = []
-    send = engine.agent.link.send
-
-    def record(report: Any) -> bool:
-        sent.append(report)
-        return bool(send(report))
-
-    engine.agent.link.send = record
+    sent = _reports_as_sent(engine)
     # Three prompts sharing nothing, 4 output tokens each: every prompt token is
     # computed in a step that schedules more than one token, then 3 steps decode.
     prompts = {"a": 5 * BLOCK, "b": 7 * BLOCK, "c": 3 * BLOCK}
@@ -497,6 +601,7 @@ def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ign
         if engine.step().total_num_scheduled_tokens:
             steps_with_work += 1
     engine.agent.flush()  # the last step's work goes with the next report
+    wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
     work = [report.work for report in sent if report.HasField("work")]
     assert sum(w.prefill_tokens for w in work) == sum(prompts.values())
     assert sum(w.decode_seqs for w in work) == 3 * len(prompts)

@@ -58,6 +58,7 @@ def test_settings_defaults_and_overrides() -> None:
     assert default.daemon_address == "127.0.0.1:50051" and default.deadline_s == 0.020
     assert not default.fail_closed and default.enabled and default.engine_id
     assert default.returned_job_priority == 90 and default.waiting_demand_interval_s == 0.100
+    assert default.waiting_demand_thread == "link"
     custom = PluginSettings.from_env({
         "KVTETHER_PLUGIN_DAEMON_ADDRESS": "unix:/run/k.sock",
         "KVTETHER_PLUGIN_DEADLINE_MS": "2.5",
@@ -65,10 +66,12 @@ def test_settings_defaults_and_overrides() -> None:
         "KVTETHER_PLUGIN_ENGINE_ID": "pod-a",
         "KVTETHER_PLUGIN_ENABLED": "0",
         "KVTETHER_PLUGIN_WAITING_DEMAND_MS": "0",
+        "KVTETHER_PLUGIN_WAITING_DEMAND_THREAD": " Engine ",
     })
     assert (custom.daemon_address, custom.deadline_s, custom.fail_closed, custom.engine_id,
-            custom.enabled, custom.waiting_demand_interval_s) == (
-                "unix:/run/k.sock", 0.0025, True, "pod-a", False, 0.0)
+            custom.enabled, custom.waiting_demand_interval_s,
+            custom.waiting_demand_thread) == (
+                "unix:/run/k.sock", 0.0025, True, "pod-a", False, 0.0, "engine")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +79,8 @@ def test_settings_defaults_and_overrides() -> None:
     [("DEADLINE_MS", "fast"), ("DEADLINE_MS", "-1"), ("FAIL_MODE", "sideways"),
      ("ENABLED", "maybe"), ("DAEMON_ADDRESS", ""), ("MAX_PIN_S", "nan"),
      ("RETURNED_JOB_PRIORITY", "101"), ("RETURNED_JOB_PRIORITY", "50.5"),
-     ("RETURNED_JOB_PRIORITY", "-1"), ("WAITING_DEMAND_MS", "-5")],
+     ("RETURNED_JOB_PRIORITY", "-1"), ("WAITING_DEMAND_MS", "-5"),
+     ("WAITING_DEMAND_THREAD", "worker")],
 )
 def test_bad_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{name}"):
