@@ -414,6 +414,76 @@ def test_an_idle_engine_does_not_wait_on_pins(engines) -> None:  # type: ignore[
         assert not engine.agent.pins and engine.free() == engine.start_free
 
 
+@pytest.fixture(scope="module")
+def continuum_long_ttl() -> Iterator[DaemonProcess]:
+    # Pins outlive any test's steps: what releases them is the test's point.
+    with running_daemon("--policy", "continuum", "--param", "fixed_ttl_s=60") as daemon:
+        yield daemon
+
+
+def test_a_pin_gives_way_before_vllm_preempts_a_running_request(  # type: ignore[no-untyped-def]
+        engines, continuum_long_ttl) -> None:
+    # The daemon releases pins itself once the free blocks run out, a step later. A
+    # block that fails before its answer lands (a frozen daemon here; on a GPU, the
+    # answer one step behind) releases the first pin of the daemon's last pressure
+    # order on the spot, instead of vLLM preempting the running request.
+    engine = engines(continuum_long_ttl, num_blocks=24, CLOSED_WAIT_S="0.005")
+    engine.add("a-1", context(1, 8 * BLOCK), job="a", last=False)
+    engine.drain()
+    assert list(engine.agent.pins) == ["a-1"], "the job is in a tool, its context pinned"
+    gave_way: list[str] = []
+    release_for = engine.agent.on_allocation_failed
+
+    def on_allocation_failed(request: Any) -> bool:
+        released = release_for(request)
+        if released:
+            gave_way.append(request.request_id)
+        return released
+
+    engine.agent.on_allocation_failed = on_allocation_failed
+    # 6 blocks of prompt and 200 tokens of answer: 19 blocks, where the pin leaves 15.
+    engine.add("grower", [1500 + i for i in range(6 * BLOCK)], job=None, last=True,
+               max_tokens=200)
+    while engine.free() > 2:
+        engine.step()
+    assert engine.agent._pressure_order == ["a-1"]
+    hook_on_steps = 0
+    daemon = continuum_long_ttl.process
+    daemon.send_signal(signal.SIGSTOP)
+    try:
+        while engine.sched.has_unfinished_requests():
+            engine.step()
+            hook_on_steps += engine.agent._allocation_hook_on
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+    assert gave_way == ["grower"], "the pin gave way when the grower's next block failed"
+    assert engine.preemptions == 0, "so vLLM preempted nothing"
+    assert hook_on_steps > 0 and not engine.agent.pins
+    assert engine.free() == engine.start_free
+
+
+def test_the_allocation_wrapper_stays_off_while_no_allocation_can_fail(  # type: ignore[no-untyped-def]
+        engines, continuum_long_ttl) -> None:
+    # 400 blocks: a pin of 9 and a running request leave more free blocks than a step
+    # can take (its 4,096-token budget is 256 blocks), so no pin could give way.
+    engine = engines(continuum_long_ttl, num_blocks=400)
+    engine.add("a-1", context(1, 8 * BLOCK), job="a", last=False)
+    engine.drain()
+    assert list(engine.agent.pins) == ["a-1"]
+    engine.add("runner", [1500 + i for i in range(6 * BLOCK)], job=None, last=True,
+               max_tokens=40)
+    hook_on_steps = 0
+    while engine.sched.has_unfinished_requests():
+        engine.step()
+        assert engine.agent._pressure_order == ["a-1"], "the daemon's order stands"
+        hook_on_steps += engine.agent._allocation_hook_on
+    assert hook_on_steps == 0
+    assert "allocate_slots" not in vars(engine.sched.kv_cache_manager), "vLLM's own method"
+    assert list(engine.agent.pins) == ["a-1"]
+    engine.agent.release_all_pins()
+    assert engine.free() == engine.start_free
+
+
 def test_a_stalled_engine_reports_the_stall_once_not_every_step(  # type: ignore[no-untyped-def]
         engines, continuum) -> None:
     engine = engines(continuum, num_blocks=24)
