@@ -103,8 +103,9 @@ class KvtetherMixin:
         # When an allocation fails, the daemon's order decides whether a pin goes before
         # vLLM preempts a running request: retry after each pin released. Wrapped on
         # this scheduler's own KV cache manager instance only.
-        # Installed only while pins are held: the wrapper costs ~1 us per call, and
-        # vLLM calls allocate_slots once per running request per step.
+        # Installed only while pins are held and a running request's allocation can
+        # fail that step (EngineAgent._pins_may_give_way): the wrapper costs ~1 us per
+        # call, and vLLM calls allocate_slots once per running request per step.
         manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
         allocate = manager.allocate_slots
 
