@@ -109,9 +109,9 @@ class EngineAgent:
         self._events: list[pb.RequestEvent] = []
         self._released: list[str] = []
         self._provisional_pins = False  # until the daemon's policy asks for them
-        # Counted until the daemon's policy says it does not read it: a first report
-        # without it would be priced by the per-request sum.
-        self._count_waiting_demand = True
+        # The waiting demand is counted until the daemon's policy says it does not read
+        # it (waiting_demand.enabled): a first report without it would be priced by the
+        # per-request sum.
         self._pressure_order: list[str] = []
         self._pressure_max_running: int | None = None
         self._last_free_blocks = -1
@@ -122,6 +122,7 @@ class EngineAgent:
         # Installs / removes the pin-aware allocation wrapper (set by the scheduler).
         self.allocation_hook: Callable[[bool], None] | None = None
         self._allocation_hook_on = False
+        self._step_allocation_bound = self._allocation_bound()
         # Decision lag: steps between sending a report and applying its answer.
         # lag_counts[k] counts answers applied k steps late (last bucket: >= that).
         self.step_index = 0
@@ -421,9 +422,7 @@ class EngineAgent:
     def _with_demand(self, kv: pb.KvCapacity) -> pb.KvCapacity:
         """``kv`` with the waiting demand counted now, on this thread (at most every
         ``waiting_demand_interval_s``, while the daemon's policy reads it)."""
-        if not self._count_waiting_demand:
-            return kv
-        demand = self.waiting_demand.blocks(self.clock_s())
+        demand = self.waiting_demand.blocks(self.clock_s())  # None while not read
         if demand is not None:
             kv.waiting_demand_blocks = demand
         return kv
@@ -440,7 +439,7 @@ class EngineAgent:
         demand, where the link's thread counts it (the default), while the engine
         thread waits on its workers. As of the report's clock; a count that races the
         engine thread's changes raises, and the report goes without it."""
-        if self.settings.waiting_demand_thread != "link" or not self._count_waiting_demand:
+        if self.settings.waiting_demand_thread != "link" or not self.waiting_demand.enabled:
             return None
         demand = self.waiting_demand
 
@@ -528,10 +527,9 @@ class EngineAgent:
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
-            if self._count_waiting_demand != decision.count_waiting_demand:
+            if self.waiting_demand.enabled != decision.count_waiting_demand:
                 # Stopped, it drops the waiting requests' hashes it holds.
                 self.waiting_demand.enable(decision.count_waiting_demand)
-            self._count_waiting_demand = decision.count_waiting_demand
             if decision.HasField("pressure_release_order"):
                 order = decision.pressure_release_order
                 self._pressure_order = list(order.request_ids)
@@ -717,6 +715,17 @@ class EngineAgent:
         which never release a pin.) Under adaptive, which sends a pressure order with
         every decision, the wrapper was otherwise on at most steps with memory idle:
         ~1 us for each running request's allocation (150 in benchmarks.overhead)."""
+        bound = self._step_allocation_bound
+        if bound is None:
+            return True  # a scheduler of another shape: keep the wrapper
+        budget_blocks, per_running = bound
+        most_blocks = budget_blocks + len(self.sched.running) * per_running
+        return bool(self.block_pool.get_num_free_blocks() <= most_blocks)
+
+    def _allocation_bound(self) -> tuple[int, int] | None:
+        """(blocks of the step's token budget, blocks per running request) over every
+        KV cache group, from the scheduler's configuration (fixed at start);
+        None for a scheduler without it."""
         sched = self.sched
         try:
             size = int(sched.block_size)
@@ -725,12 +734,10 @@ class EngineAgent:
                 getattr(sched, "num_spec_tokens", 0) or 0)
             groups = int(getattr(sched.kv_cache_manager, "num_kv_cache_groups", 1) or 1)
         except (AttributeError, TypeError, ValueError):
-            return True  # a scheduler of another shape: keep the wrapper
+            return None
         if size <= 0:
-            return True
-        per_request = 1 + -(-extra_tokens // size)
-        most_blocks = groups * (-(-budget_tokens // size) + len(sched.running) * per_request)
-        return bool(self.block_pool.get_num_free_blocks() <= most_blocks)
+            return None
+        return groups * -(-budget_tokens // size), groups * (1 + -(-extra_tokens // size))
 
     def _set_allocation_hook(self, enabled: bool) -> None:
         if enabled != self._allocation_hook_on and self.allocation_hook is not None:

@@ -107,6 +107,10 @@ class WaitingDemand:
                 self._counted_at_s = now_s
             return self._last
 
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
     def enable(self, on: bool) -> None:
         """Counts (the default) or stops; stopped, it keeps nothing and ``blocks`` is
         None until enabled again."""
@@ -114,11 +118,6 @@ class WaitingDemand:
             self._enabled = on
             if not on:
                 self._drop()  # the chains hold the waiting requests' hashes
-
-    def forget(self) -> None:
-        """Drops the last count and the chains; the next ``blocks`` counts afresh."""
-        with self._lock:
-            self._drop()
 
     def _drop(self) -> None:
         self._last = None

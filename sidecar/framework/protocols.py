@@ -90,5 +90,5 @@ class Policy(
     # the daemon has decided (a provisional pin). False keeps vLLM's free-at-once.
     pins_finished_requests: bool
     # Whether the policy reads ``KvView.waiting_demand_blocks``: the plugin counts it
-    # on the engine's thread only for a policy that does.
+    # only for a policy that does.
     reads_waiting_demand: bool
