@@ -166,6 +166,10 @@ def main() -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    # For benchmarks/overhead/decide_replay.py: the decision path alone, tree against tree.
+    from benchmarks.overhead.decide_replay import write_reports
+
+    write_reports(args.out / "reports.bin", recorded)
     _plot(result, args.out / "overhead.png")
     native = engine_step["native"]
     print(f"\nforward pass simulated: {args.forward_ms:g} ms per step (not timed)")
@@ -190,7 +194,8 @@ def main() -> int:
         print(f"{entry['engines']:>7} {entry['reports_per_s']:>10.0f} "
               f"{entry['reports_per_s_per_daemon_core']:>9.0f} "
               f"{entry['daemon_cpu_us_per_report']:>13.0f} {entry['daemon_rss_mib']:>8.0f}")
-    print(f"\nwrote {args.out / 'overhead.json'} and {args.out / 'overhead.png'}")
+    print(f"\nwrote {args.out / 'overhead.json'}, {args.out / 'overhead.png'} and the "
+          f"{len(recorded)} reports replayed, {args.out / 'reports.bin'}")
     return 0
 
 

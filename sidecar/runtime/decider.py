@@ -42,29 +42,74 @@ class EngineDecisionState:
     retention_generation: int = -1
 
 
+@dataclass(slots=True)
+class Decision:
+    """One decision as taken, kept as plain values: most are never looked at, so the
+    ``DecisionRecord`` (a protobuf, its inputs JSON-encoded) is built only when one is
+    read (Explain, GetJob) or watched. Built for every one, at ~15 µs each (13 a report
+    at 150 running / 200 waiting), they were ~6% of the daemon's CPU under adaptive
+    (benchmarks/results/overhead/README.md, the decision path alone)."""
+
+    engine_id: str
+    request_id: str
+    job_id: str
+    kind: str
+    reason: str
+    inputs: Mapping[str, object]
+    at_s: float
+    seq: int
+    policy: str
+    _record: inspect_pb2.DecisionRecord | None = field(default=None, repr=False)
+
+    def record(self) -> inspect_pb2.DecisionRecord:
+        if self._record is None:
+            self._record = inspect_pb2.DecisionRecord(
+                engine_id=self.engine_id,
+                request_id=self.request_id,
+                job_id=self.job_id,
+                kind=self.kind,
+                reason=self.reason,
+                inputs={key: value if isinstance(value, str) else json.dumps(value)
+                        for key, value in self.inputs.items()},
+                at_s=self.at_s,
+                seq=self.seq,
+                policy=self.policy,
+            )
+        return self._record
+
+
 class DecisionLog:
     """The last decision per request (for Explain) and a fan-out to live watchers."""
 
-    # Each record is a small protobuf (~1.8 KB with its inputs): 10,000 is ~18 MiB.
+    # Each decision is a few values and its inputs (~1-2 KB as a record once read):
+    # 10,000 is ~10-20 MiB.
     def __init__(self, max_requests: int = 10_000) -> None:
-        self._by_request: OrderedDict[str, inspect_pb2.DecisionRecord] = OrderedDict()
+        self._by_request: OrderedDict[str, Decision] = OrderedDict()
         self._max_requests = max_requests
         self.watchers: set[object] = set()
 
-    def add(self, record: inspect_pb2.DecisionRecord) -> None:
-        self._by_request[record.request_id] = record
-        self._by_request.move_to_end(record.request_id)
+    def add(self, decision: Decision) -> None:
+        self._by_request[decision.request_id] = decision
+        self._by_request.move_to_end(decision.request_id)
         while len(self._by_request) > self._max_requests:
             self._by_request.popitem(last=False)
-        for watcher in list(self.watchers):
-            watcher.offer(record)  # type: ignore[attr-defined]
+        if self.watchers:
+            record = decision.record()
+            for watcher in list(self.watchers):
+                watcher.offer(record)  # type: ignore[attr-defined]
 
     def last(self, request_id: str) -> inspect_pb2.DecisionRecord | None:
-        return self._by_request.get(request_id)
+        decision = self._by_request.get(request_id)
+        return decision.record() if decision is not None else None
 
     def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
-        found = [r for r in reversed(self._by_request.values()) if r.job_id == job_id]
-        return found[:limit]
+        found: list[inspect_pb2.DecisionRecord] = []
+        for decision in reversed(self._by_request.values()):
+            if len(found) >= limit:
+                break
+            if decision.job_id == job_id:
+                found.append(decision.record())
+        return found
 
 
 class Decider:
@@ -309,20 +354,8 @@ class Decider:
         reason: str,
         inputs: dict[str, object],
     ) -> None:
-        self.log.add(
-            inspect_pb2.DecisionRecord(
-                engine_id=mirror.engine_id,
-                request_id=request_id,
-                job_id=job_id,
-                kind=kind,
-                reason=reason,
-                inputs={key: value if isinstance(value, str) else json.dumps(value)
-                        for key, value in inputs.items()},
-                at_s=mirror.now_s,
-                seq=seq,
-                policy=self.policy.name,
-            )
-        )
+        self.log.add(Decision(mirror.engine_id, request_id, job_id, kind, reason, inputs,
+                              mirror.now_s, seq, self.policy.name))
 
 
 class PolicyContractError(RuntimeError):

@@ -132,8 +132,8 @@ class _StepMemo:
     with the same frozen step, so each is computed once per step (a re-valued pin
     set after releases is a new step object, and a new memo)."""
 
-    __slots__ = ("order", "outlooks", "pin_price", "pressure", "released_price", "step",
-                 "valuation", "values")
+    __slots__ = ("order", "outlooks", "p_returns", "pin_price", "pressure", "released_price",
+                 "step", "valuation", "values", "victims")
 
     def __init__(self, step: StepView) -> None:
         self.step = step
@@ -149,7 +149,13 @@ class _StepMemo:
         self.values: dict[tuple[str, float], PinValue] = {}
         # Per pin: its tool's conditional outlook and where the distribution came from.
         self.outlooks: dict[str, tuple[Outlook, str]] = {}
+        # Per pin: P(its job is back within the longest horizon), where no outlook is
+        # known (the idle-memory release and the pressure order both ask).
+        self.p_returns: dict[str, float] = {}
         self.valuation: Valuation | None = None
+        # The preemption order: the decider asks for it, and the pressure order
+        # prices pins against its first victim.
+        self.victims: Ordering | None = None
 
 
 class AdaptivePolicy(NativePolicy):
@@ -405,8 +411,12 @@ class AdaptivePolicy(NativePolicy):
     # --- preemption: the newest non-last-step job first (its context is smallest) ----
 
     def order_victims(self, step: StepView) -> Ordering:
-        return Ordering(tuple(r.request_id for r in job_level_victims(step)),
-                        "adaptive: newest non-last-step job preempted first, then newest job")
+        memo = self._memo(step)
+        if memo.victims is None:
+            memo.victims = Ordering(
+                tuple(r.request_id for r in job_level_victims(step)),
+                "adaptive: newest non-last-step job preempted first, then newest job")
+        return memo.victims
 
     # --- finish: pin, soft-retain or release by value -------------------------------
 
@@ -595,6 +605,12 @@ class AdaptivePolicy(NativePolicy):
         known = memo.outlooks.get(pin.request_id)
         if known is not None:
             return known[0][-1][0]
+        p_return = memo.p_returns.get(pin.request_id)
+        if p_return is None:
+            p_return = memo.p_returns[pin.request_id] = self._compute_p_return(step, pin)
+        return p_return
+
+    def _compute_p_return(self, step: StepView, pin: PinView) -> float:
         distribution, _ = self._distribution(step, pin)
         elapsed_s = _tool_elapsed_s(step, pin)
         if distribution is None or distribution.count == 0:
