@@ -109,9 +109,6 @@ class EngineAgent:
         self._events: list[pb.RequestEvent] = []
         self._released: list[str] = []
         self._provisional_pins = False  # until the daemon's policy asks for them
-        # The waiting demand is counted until the daemon's policy says it does not read
-        # it (waiting_demand.enabled): a first report without it would be priced by the
-        # per-request sum.
         self._pressure_order: list[str] = []
         self._pressure_max_running: int | None = None
         self._last_free_blocks = -1

@@ -68,6 +68,8 @@ class WaitingDemand:
             and getattr(pool, "enable_caching", False)
             and getattr(pool, "hash_block_size", self._block_size) == self._block_size)
         self._lock = threading.Lock()
+        # Counted until the daemon's policy says it does not read it (the agent calls
+        # enable): a first report without it would be priced by the per-request sum.
         self._enabled = True
         self._last: int | None = None
         self._counted_at_s = float("-inf")
