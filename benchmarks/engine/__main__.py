@@ -66,8 +66,9 @@ class Sampler(threading.Thread):
                 self.samples.append(scrape(self.base_url)["vllm:kv_cache_usage_perc"])
 
 
-def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale: float,
-               max_output: int, progress: Any) -> dict[str, Any]:
+def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[str, Any]:
+    """Every job of ``workload`` (already ``scaled`` to this engine) as a client thread:
+    each turn a request whose prompt is the job's tokens so far, then its tool's sleep."""
     from vllm_plugin.client import job_xargs
     from vllm_plugin.launch import scrape
 
@@ -83,12 +84,14 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
         job_started = time.monotonic()
         context: list[int] = []
         for index, turn in enumerate(job.turns):
-            target = max(len(context) + 1, round(turn.prompt_tokens * scale))
-            context += _tokens(f"{job.job_id}:{index}", target - len(context))
+            # Answers are output_tokens long (ignore_eos): the context is the scaled
+            # workload's and the prompt is past it (at least one new token regardless).
+            context += _tokens(f"{job.job_id}:{index}",
+                               max(1, turn.prompt_tokens - len(context)))
             sent = time.monotonic()
             answer = api.completions.create(
                 model="tiny", prompt=context,
-                max_tokens=max(1, min(max_output, round(turn.output_tokens * scale))),
+                max_tokens=turn.output_tokens,
                 extra_body={**job_xargs(job.job_id, turn.is_last_step, turn.tool),
                             "ignore_eos": True, "return_token_ids": True})
             latency_s = time.monotonic() - sent
@@ -102,7 +105,7 @@ def run_policy(api: Any, base_url: str, workload: Any, scale: float, time_scale:
                                                           or 0)})
             progress.update(1)
             if not turn.is_last_step:
-                time.sleep(turn.tool_time_s * time_scale)
+                time.sleep(turn.tool_time_s)
         return {"job_id": job.job_id, "duration_s": time.monotonic() - job_started}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(workload.jobs)) as pool:
@@ -426,12 +429,13 @@ def main() -> int:
     import openai
     from tqdm import tqdm
 
-    from benchmarks.twin.workload import generate
+    from benchmarks.twin.workload import generate, scaled
     from tests.support.daemon import DaemonController
     from tests.support.redis_server import free_port
     from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
-    workload = generate(args.workload, args.jobs_per_s, seed=args.seed, num_jobs=args.jobs)
+    workload = scaled(generate(args.workload, args.jobs_per_s, seed=args.seed,
+                               num_jobs=args.jobs), args.scale, args.time_scale, args.max_output)
     model_dir = tiny_model_dir()
     daemon_metrics_port = free_port()
     daemon = DaemonController("--metrics-port", str(daemon_metrics_port))
@@ -477,8 +481,7 @@ def main() -> int:
                 engine_cpu = ProcessCpu(process.pid)
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
-                    run = run_policy(api, base_url, workload, args.scale, args.time_scale,
-                                     args.max_output, progress)
+                    run = run_policy(api, base_url, workload, progress)
                 runs[policy].append({**run, **load.delta(),
                                      "engine_cpu_s": engine_cpu.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}

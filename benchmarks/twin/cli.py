@@ -471,6 +471,26 @@ def _parser() -> argparse.ArgumentParser:
     criteria.add_argument("--out-dir", type=Path, default=RESULTS)
     criteria.add_argument("--out", type=Path, help="also write the report here (Markdown)")
 
+    cpu = commands.add_parser(
+        "cpu", help="the real-engine benchmark's setup (vLLM's CPU build) over seeds")
+    cpu.add_argument("--like", type=Path,
+                     help="a benchmarks.engine result: its workload, its FCFS's learned "
+                          "step costs and time outside vLLM (flags override)")
+    cpu.add_argument("--policies", default="fcfs,continuum,adaptive",
+                     help="comma-separated; the first is the baseline; NAME@KEY=VALUE "
+                          "sets a parameter")
+    cpu.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1")
+    cpu.add_argument("--jobs-per-s", type=float)
+    cpu.add_argument("--time-scale", type=float, help="tool times x this")
+    cpu.add_argument("--blocks", type=int, help="KV blocks of 128 tokens")
+    cpu.add_argument("--step-s", type=float, help="a step's fixed cost")
+    cpu.add_argument("--prefill-s-per-token", type=float)
+    cpu.add_argument("--gap-s", type=float,
+                     help="seconds a turn spends outside vLLM (HTTP, the client)")
+    cpu.add_argument("--answer-lag-steps", type=int,
+                     help="the daemon's answers land this many steps late (default 0)")
+    cpu.add_argument("--out", type=Path, help="write the per-seed figures here (JSON)")
+
     workload = commands.add_parser("workload", help="generate or check a workload file")
     workload.add_argument("action", choices=("generate", "check"))
     workload.add_argument("file", type=Path)
@@ -490,11 +510,36 @@ def cmd_criteria(args: argparse.Namespace) -> int:
     return 0 if all_pass else 1
 
 
+def cmd_cpu(args: argparse.Namespace) -> int:
+    from benchmarks.twin.cpu import CpuSetup, compare, report, result_json, with_overrides
+
+    try:
+        setup = CpuSetup.like(args.like) if args.like is not None else CpuSetup()
+    except ValueError as error:
+        raise SystemExit(f"--like: {error}") from error
+    setup = with_overrides(setup, jobs_per_s=args.jobs_per_s, time_scale=args.time_scale,
+                           blocks=args.blocks, step_s=args.step_s,
+                           prefill_s_per_token=args.prefill_s_per_token, gap_s=args.gap_s,
+                           answer_lag_steps=args.answer_lag_steps)
+    if setup.answer_lag_steps < 0:
+        raise SystemExit(f"--answer-lag-steps: {setup.answer_lag_steps} must be >= 0")
+    policies = [p for p in args.policies.split(",") if p]
+    for policy in policies:
+        if policy.split("@")[0] not in SWEEP_POLICIES:
+            raise SystemExit(f"--policies: {policy!r} is not one of {', '.join(SWEEP_POLICIES)}")
+    runs = compare(setup, policies, range(args.seeds),
+                   say=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    print(report(setup, runs, policies[0]))
+    if args.out is not None:
+        _write_json(args.out, result_json(setup, runs))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the daemon subprocess is stopped with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     handler = {"run": cmd_run, "sweep": cmd_sweep, "calibrate": cmd_calibrate,
                "plot": cmd_plot, "criteria": cmd_criteria,
-               "workload": cmd_workload}[args.command]
+               "workload": cmd_workload, "cpu": cmd_cpu}[args.command]
     return handler(args)

@@ -21,6 +21,7 @@ import contextlib
 import heapq
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,7 +130,7 @@ def _plugin_env(address: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _answer_every_report(agent: Any) -> None:
+def _answer_every_report(agent: Any, lag_steps: int = 0) -> None:
     """Make every decision arrive before the engine's next look at the link.
 
     On a GPU the plugin sends its report at the end of a step and applies the answer
@@ -138,21 +139,31 @@ def _answer_every_report(agent: Any) -> None:
     cores get to it. Each of the agent's ``take_decisions`` calls therefore waits (up
     to the plugin's deadline, 10 s here) for the answers to everything sent: the twin
     models a daemon that always answers within one GPU step, and a run is the same
-    for the same inputs, however loaded the machine is."""
+    for the same inputs, however loaded the machine is.
+
+    ``lag_steps`` > 0 holds each answer back that many more looks at the link: the
+    daemon of a real CPU engine, whose steps take a few ms, answers a step or more
+    late (``benchmarks.engine`` counts the steps that ran without an answer)."""
     link = agent.link
     take = link.take_decisions
     deadline_s = agent.settings.deadline_s
+    held: deque[list[Any]] = deque()
 
     def take_decisions(wait_s: float) -> Any:
-        return take(max(wait_s, deadline_s))
+        held.append(take(max(wait_s, deadline_s)))
+        answers: list[Any] = []
+        while len(held) > lag_steps:
+            answers += held.popleft()
+        return answers
 
     link.take_decisions = take_decisions
 
 
 def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
-                 daemon_address: str | None) -> Any:
+                 daemon_address: str | None, answer_lag_steps: int = 0) -> Any:
     """vLLM's Scheduler (``native``: its own FCFS policy) or kvtether's plugin scheduler
-    connected to the daemon at ``daemon_address``, both on ``clock``."""
+    connected to the daemon at ``daemon_address``, both on ``clock``; the daemon's
+    answers applied ``answer_lag_steps`` steps later than the next one."""
     from vllm_plugin.inprocess import build_scheduler
 
     common = dict(num_blocks=config.num_blocks, block_size=config.block_size,
@@ -172,7 +183,7 @@ def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
     # Tools are named by the client (vllm_xargs "tool"): no output to parse, and the
     # twin's model directory has no tokenizer.
     agent._decode_tail = None
-    _answer_every_report(agent)
+    _answer_every_report(agent, answer_lag_steps)
     deadline = time.monotonic() + 30
     while not agent.link.connected:
         if time.monotonic() > deadline:

@@ -20,7 +20,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +377,37 @@ def generate(kind: str, jobs_per_s: float, seed: int = 0, duration_s: float | No
                    "output_spread": output_spread, "answer_agreement": answer_agreement,
                    "answer_tokens": means},
     )
+
+
+def scaled(workload: Workload, tokens: float, tool_time: float, max_output_tokens: int,
+           gap_s: float = 0.0) -> Workload:
+    """``workload`` shrunk to a smaller engine, as the real-engine benchmark sends it
+    (``benchmarks.engine``): every prompt and answer x ``tokens`` (answers at least 1
+    and at most ``max_output_tokens``; a prompt at least one token past the context
+    before it), every tool x ``tool_time``, plus ``gap_s`` between a turn's answer and
+    the next request (what a turn spends outside the engine, in HTTP and the client,
+    which the twin otherwise does not have). Arrivals are kept."""
+    if tokens <= 0.0 or tool_time < 0.0 or gap_s < 0.0 or max_output_tokens < 1:
+        raise ValueError(f"scaled: tokens {tokens!r} must be > 0, tool_time {tool_time!r} "
+                         f"and gap_s {gap_s!r} >= 0, max_output_tokens "
+                         f"{max_output_tokens!r} >= 1")
+    jobs = []
+    for job in workload.jobs:
+        turns, context = [], 0
+        for turn in job.turns:
+            prompt = max(context + 1, round(turn.prompt_tokens * tokens))
+            output = max(1, min(max_output_tokens, round(turn.output_tokens * tokens)))
+            wait_s = 0.0 if turn.is_last_step else turn.tool_time_s * tool_time + gap_s
+            turns.append(replace(turn, prompt_tokens=prompt, output_tokens=output,
+                                 tool_time_s=round(wait_s, 6)))
+            context = prompt + output
+        jobs.append(replace(job, turns=tuple(turns)))
+    return replace(workload, jobs=tuple(jobs), max_output_tokens=max_output_tokens,
+                   name=f"{workload.name}-x{tokens:g}-tools-x{tool_time:g}"
+                   + (f"-gap{gap_s:g}s" if gap_s else ""),
+                   generator={**workload.generator, "scaled": {
+                       "tokens": tokens, "tool_time": tool_time,
+                       "max_output_tokens": max_output_tokens, "gap_s": gap_s}})
 
 
 # --- token ids --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import random
@@ -178,3 +179,57 @@ def test_a_minimal_hand_written_trace_is_valid() -> None:
         {"prompt_tokens": 80, "output_tokens": 5, "is_last_step": True}]}]}
     loaded = wl.from_json(trace)
     assert loaded.jobs[0].turns[1].tool is None and loaded.max_context_tokens == 85
+
+
+# --- scaled: the real-engine benchmark's workload -----------------------------------
+
+
+def _engine_formula(job: wl.Job, scale: float, time_scale: float, max_output: int
+                    ) -> list[tuple[int, int, float]]:
+    """How benchmarks.engine scaled a turn before it used ``scaled`` (prompt target,
+    max_tokens, sleep), its answers exactly max_tokens long (ignore_eos)."""
+    turns, context = [], 0
+    for turn in job.turns:
+        target = max(context + 1, round(turn.prompt_tokens * scale))
+        output = max(1, min(max_output, round(turn.output_tokens * scale)))
+        turns.append((target, output,
+                      0.0 if turn.is_last_step else turn.tool_time_s * time_scale))
+        context = target + output
+    return turns
+
+
+def test_scaled_is_what_the_engine_benchmark_sends(reference: wl.Workload) -> None:
+    small = wl.scaled(reference, 0.6, 0.5, 48)
+    assert [j.arrival_s for j in small.jobs] == [j.arrival_s for j in reference.jobs]
+    for job, before in zip(small.jobs, reference.jobs, strict=True):
+        engine = _engine_formula(before, 0.6, 0.5, 48)
+        assert [(t.prompt_tokens, t.output_tokens) for t in job.turns] == [
+            (prompt, output) for prompt, output, _ in engine]
+        assert [t.tool_time_s for t in job.turns] == pytest.approx(
+            [sleep_s for _, _, sleep_s in engine], abs=1e-6)
+        for previous, turn in itertools.pairwise(job.turns):
+            assert turn.prompt_tokens >= previous.prompt_tokens + previous.output_tokens + 1
+        assert all(1 <= t.output_tokens <= 48 for t in job.turns)
+        # The twin can build its tokens: a turn's prompt is the context so far.
+        assert len(wl.job_tokens(job, small.max_output_tokens)) == (
+            job.turns[-1].prompt_tokens + job.turns[-1].output_tokens)
+
+
+def test_scaled_adds_the_time_outside_the_engine_between_turns(reference: wl.Workload) -> None:
+    plain, gapped = wl.scaled(reference, 0.6, 0.5, 48), wl.scaled(reference, 0.6, 0.5, 48, 0.35)
+    for job, other in zip(plain.jobs, gapped.jobs, strict=True):
+        for turn, with_gap in zip(job.turns, other.turns, strict=True):
+            expected = 0.0 if turn.is_last_step else turn.tool_time_s + 0.35
+            assert with_gap.tool_time_s == pytest.approx(expected, abs=2e-6)
+    assert gapped.generator["scaled"]["gap_s"] == 0.35
+    assert gapped.name.endswith("-gap0.35s")
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    ((0.0, 0.5, 48), "tokens 0.0"), ((0.6, -1.0, 48), "tool_time -1.0"),
+    ((0.6, 0.5, 0), "max_output_tokens 0"), ((0.6, 0.5, 48, -0.1), "gap_s -0.1"),
+])
+def test_scaled_names_a_bad_argument(reference: wl.Workload, args: tuple[Any, ...],
+                                     named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        wl.scaled(reference, *args)

@@ -1,0 +1,172 @@
+"""The real-engine benchmark's setup in the twin: what the policies' decisions alone do
+on vLLM's CPU build, without the real engine's noise.
+
+``benchmarks.engine`` runs the policies on vLLM's CPU build: 24 KV blocks of 128
+tokens, the reference workload x0.6 with its tools x0.5, a real HTTP client. A round
+there varies by 10-20% with whatever else the 2 cores run, and the daemon answers a
+step or more late. Here the same setup runs in the twin's virtual time: vLLM's own
+scheduler with the engine's block size, cache and batch limits, the step costs the
+daemon learned on that engine, and the time a turn spent outside vLLM (HTTP, the API
+server, the client) added between a turn's answer and the next request. Each seed is
+another draw of the same workload (arrivals, prompts, tools); the twin is
+deterministic, so a figure here moves only with the code.
+
+    python -m benchmarks.twin cpu --like benchmarks/results/engine/runs/RUN.json --seeds 10
+
+``--like`` takes a real-engine run's workload, its FCFS's learned step costs and time
+outside vLLM; flags override it. Where this twin and that run agree, the policy's
+decisions explain the real result; where they do not, the difference lies in what the
+twin does not model (the daemon's lag, the cores the engine shares).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.twin import workload as wl
+from benchmarks.twin.steptime import StepTimeModel
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSetup:
+    """The real-engine benchmark's engine and workload (its defaults)."""
+
+    kind: str = "reference"
+    jobs: int = 24
+    jobs_per_s: float = 1.5
+    scale: float = 0.6
+    time_scale: float = 0.5
+    max_output_tokens: int = 48
+    blocks: int = 24
+    block_tokens: int = 128
+    # What a step costs on the engine (as the daemon learns it): a step, whatever it
+    # decodes, plus each prompt token it computes. The AVX-512 VMs' figures.
+    step_s: float = 2.0e-3
+    prefill_s_per_token: float = 3.0e-5
+    decode_s_per_seq: float = 0.0
+    # Seconds a turn spends outside vLLM (client to API server and back).
+    gap_s: float = 0.0
+    # Steps the daemon's answers land after the next one (the twin's default: none).
+    answer_lag_steps: int = 0
+
+    @classmethod
+    def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
+        """The setup of a ``benchmarks.engine`` result: its workload, and what its
+        ``baseline`` run learned a step costs and spent outside vLLM a request."""
+        try:
+            data = json.loads(run_path.read_text())
+            workload = data["workload"]
+            run = data["policies"][baseline]
+        except (OSError, ValueError, KeyError) as error:
+            raise ValueError(f"{run_path}: not an engine benchmark result with a "
+                             f"{baseline!r} run ({error})") from error
+        e2e_s = run.get("vllm_mean_s", {}).get("e2e")
+        client_s = run.get("client_request_mean_s")
+        return cls(
+            kind=workload["kind"], jobs=workload["jobs"], jobs_per_s=workload["jobs_per_s"],
+            scale=workload["scale"], time_scale=workload["time_scale"],
+            blocks=workload["kv_blocks"], block_tokens=workload["block_tokens"],
+            step_s=run.get("learned_step_s") or cls.step_s,
+            prefill_s_per_token=run.get("learned_prefill_s_per_token")
+            or cls.prefill_s_per_token,
+            gap_s=max(client_s - e2e_s, 0.0) if client_s and e2e_s else 0.0)
+
+    def workload(self, seed: int) -> wl.Workload:
+        base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
+        return wl.scaled(base, self.scale, self.time_scale, self.max_output_tokens,
+                         self.gap_s)
+
+    def step_model(self) -> StepTimeModel:
+        return StepTimeModel(fixed_s=self.step_s, prefill_s_per_token=self.prefill_s_per_token,
+                             decode_s_per_seq=self.decode_s_per_seq, kv_read_s_per_token=0.0)
+
+
+def engine_config(setup: CpuSetup) -> Any:
+    """vLLM's CPU build as ``vllm_plugin.launch`` starts it: the OpenAI server's CPU
+    batch limits (128 sequences, 2,048 tokens a step), max-model-len 2,048."""
+    from benchmarks.twin.simulator import EngineConfig
+
+    return EngineConfig(num_blocks=setup.blocks, block_size=setup.block_tokens,
+                        max_model_len=2048, max_num_seqs=128, max_num_batched_tokens=2048)
+
+
+def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
+    """One seed of one policy (``name@KEY=VALUE@...`` sets parameters) through the
+    real daemon; the twin's summary of it."""
+    from benchmarks.twin.daemon import running_daemon
+    from benchmarks.twin.metrics import summarize
+    from benchmarks.twin.simulator import VirtualClock, build_engine, simulate
+
+    name, *params = policy.split("@")
+    workload = setup.workload(seed)
+    config = engine_config(setup)
+    clock = VirtualClock()
+    with running_daemon(name, params) as daemon:
+        scheduler = build_engine(name, config, clock, daemon.address,
+                                 setup.answer_lag_steps)
+        try:
+            result = simulate(workload, scheduler, setup.step_model(), config, clock)
+        finally:
+            scheduler.shutdown()
+    summary = summarize(result, policy, setup.jobs_per_s)
+    summary["seed"] = seed
+    return summary
+
+
+def compare(setup: CpuSetup, policies: Sequence[str], seeds: Sequence[int],
+            say: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """Every policy on every seed: {policy: [summary per seed]}."""
+    runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
+    for seed in seeds:
+        for policy in policies:
+            summary = run_policy(setup, policy, seed)
+            runs[policy].append(summary)
+            if say is not None:
+                say(f"seed {seed} {policy}: {summary['avg_duration_s']:.3f} s a job, "
+                    f"hits {summary['prefix_cache_hit_rate']:.1%}")
+    return runs
+
+
+def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str) -> str:
+    """Per policy: the average job, hits, pinned blocks and maximum TTFT over the seeds,
+    and its average job over the baseline's paired by seed (mean +- standard error)."""
+    from benchmarks.engine.paired import estimate
+
+    lines = [f"twin, vLLM CPU setup: {setup.blocks} blocks of {setup.block_tokens} tokens, "
+             f"{setup.jobs} {setup.kind} jobs at {setup.jobs_per_s:g}/s x{setup.scale:g}, "
+             f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM, step "
+             f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
+             f"token, answers {setup.answer_lag_steps} step(s) late",
+             f"{'policy':<36}{'avg job s':>10}{'hits':>8}{'pinned blocks':>15}"
+             f"{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"]
+    for policy, summaries in runs.items():
+        ratio = estimate([s["avg_duration_s"] / b["avg_duration_s"]
+                          for s, b in zip(summaries, runs[baseline], strict=True)])
+        lines.append(
+            f"{policy:<36}{statistics.fmean(s['avg_duration_s'] for s in summaries):>10.3f}"
+            f"{statistics.fmean(s['prefix_cache_hit_rate'] for s in summaries):>8.1%}"
+            f"{statistics.fmean(s['pinned_blocks_avg'] for s in summaries):>15.1f}"
+            f"{max(s['ttft_ms']['max'] for s in summaries) / 1e3:>12.2f}"
+            f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}")
+    lines.append(f"{len(next(iter(runs.values())))} seeds")
+    return "\n".join(lines)
+
+
+def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The setup and, per policy and seed, the figures the report reads (the twin's
+    full summaries carry time series; these do not)."""
+    keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
+            "preemptions", "pinned_blocks_avg", "kv_usage_avg", "ttft_ms")
+    return {"setup": asdict(setup),
+            "policies": {policy: [{key: s[key] for key in keep} for s in summaries]
+                         for policy, summaries in runs.items()}}
+
+
+def with_overrides(setup: CpuSetup, **overrides: Any) -> CpuSetup:
+    """``setup`` with every override that is not None."""
+    return replace(setup, **{k: v for k, v in overrides.items() if v is not None})

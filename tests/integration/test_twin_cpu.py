@@ -1,0 +1,63 @@
+"""``python -m benchmarks.twin cpu``: the real-engine benchmark's setup in the twin, run
+as an engineer runs it, from a committed real-engine result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
+            / "d077e0a-epyc-noavx512-rounds12.json")
+
+
+def _twin_cpu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks.twin", "cpu", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_real_runs_setup_runs_in_the_twin_with_its_pins(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    done = _twin_cpu("--like", str(REAL_RUN), "--policies", "fcfs,adaptive", "--seeds", "1",
+                     "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = json.loads(REAL_RUN.read_text())
+    fcfs = real["policies"]["fcfs"]
+    setup = json.loads(out.read_text())["setup"]
+    # The real run's engine, workload and learned costs, and its time outside vLLM.
+    assert (setup["blocks"], setup["block_tokens"], setup["jobs"], setup["jobs_per_s"]) == (
+        24, 128, real["workload"]["jobs"], real["workload"]["jobs_per_s"])
+    assert setup["prefill_s_per_token"] == fcfs["learned_prefill_s_per_token"]
+    assert setup["step_s"] == fcfs["learned_step_s"]
+    assert abs(setup["gap_s"] - (fcfs["client_request_mean_s"]
+                                 - fcfs["vllm_mean_s"]["e2e"])) < 1e-9
+    figures = json.loads(out.read_text())["policies"]
+    assert set(figures) == {"fcfs", "adaptive"}
+    assert figures["fcfs"][0]["pinned_blocks_avg"] == 0
+    assert figures["adaptive"][0]["pinned_blocks_avg"] > 0, "adaptive pinned nothing"
+    for name in ("fcfs", "adaptive"):
+        assert figures[name][0]["avg_duration_s"] > 0
+        assert f"\n{name} " in done.stdout, done.stdout
+    assert "1 seeds" in done.stdout
+
+
+def test_a_file_that_is_not_an_engine_result_is_named(tmp_path: Path) -> None:
+    bogus = tmp_path / "twin-point.json"
+    bogus.write_text(json.dumps({"policy": "fcfs"}))
+    done = _twin_cpu("--like", str(bogus), "--seeds", "1")
+    assert done.returncode != 0
+    assert str(bogus) in done.stderr and "not an engine benchmark result" in done.stderr
+
+
+def test_an_unknown_policy_is_named() -> None:
+    done = _twin_cpu("--policies", "fcfs,lifo", "--seeds", "1")
+    assert done.returncode != 0
+    assert "'lifo'" in done.stderr
+
+
+def test_a_negative_answer_lag_is_named() -> None:
+    done = _twin_cpu("--answer-lag-steps", "-1", "--seeds", "1")
+    assert done.returncode != 0
+    assert "--answer-lag-steps: -1 must be >= 0" in done.stderr
