@@ -65,8 +65,9 @@ class CpuSetup:
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"{run_path}: not an engine benchmark result with a "
                              f"{baseline!r} run ({error})") from error
-        e2e_s = run.get("vllm_mean_s", {}).get("e2e")
-        client_s = run.get("client_request_mean_s")
+        from benchmarks.engine.paired import _outside_vllm_s
+
+        outside_s = _outside_vllm_s(run)
         return cls(
             kind=workload["kind"], jobs=workload["jobs"], jobs_per_s=workload["jobs_per_s"],
             scale=workload["scale"], time_scale=workload["time_scale"],
@@ -74,7 +75,7 @@ class CpuSetup:
             step_s=run.get("learned_step_s") or cls.step_s,
             prefill_s_per_token=run.get("learned_prefill_s_per_token")
             or cls.prefill_s_per_token,
-            gap_s=max(client_s - e2e_s, 0.0) if client_s and e2e_s else 0.0)
+            gap_s=max(outside_s, 0.0) if outside_s is not None else 0.0)
 
     def workload(self, seed: int) -> wl.Workload:
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
