@@ -64,6 +64,10 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # gRPC binds with SO_REUSEPORT by default: a second daemon (or the main and
+    # inspect listeners given one port) would bind an address in use and the kernel
+    # would split connections between them. A port in use is an error here.
+    ("grpc.so_reuseport", 0),
 ]
 
 

@@ -23,13 +23,18 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
 
 def bind_tcp(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None,
              setting: str) -> str:
-    """Bind a TCP address; return it with the real port when port 0 was asked for."""
-    if credentials is None:
-        bound = server.add_insecure_port(address)
-    else:
-        bound = server.add_secure_port(address, credentials)
+    """Bind a TCP address; return it with the real port when port 0 was asked for.
+    OSError naming ``setting`` when it cannot be bound (in use, or not this host's)."""
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpcio's "Failed to bind to address ..."
+        bound = 0
     if bound == 0:
-        raise OSError(f"{setting}: cannot bind {address}")
+        raise OSError(f"{setting}: cannot bind {address} (is another process listening "
+                      "there, or is the address not this host's?)")
     host, _, port = address.rpartition(":")
     return f"{host}:{bound}" if port == "0" else address
 

@@ -185,6 +185,28 @@ def test_unreachable_redis_stops_the_daemon() -> None:
     assert f"127.0.0.1:{dead_port}" in lines[0] and "unreachable" in lines[0]
 
 
+def test_address_in_use_stops_a_second_daemon(daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # gRPC would bind a port in use (SO_REUSEPORT) and split the engines' connections
+    # between two daemons; a second daemon, or one whose two listeners share a port,
+    # must refuse to start instead, naming the setting.
+    second = subprocess.run(serve_command("--metrics-port", "-1", "--listen", daemon.address),
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 3, second.stderr
+    assert f"listen.tcp: cannot bind {daemon.address}" in second.stderr.strip().splitlines()[-1]
+    port = free_port()
+    config = tmp_path / "kvtether.yaml"
+    config.write_text(f"listen:\n  inspect_tcp: 127.0.0.1:{port}\n")
+    shared = subprocess.run(serve_command("--metrics-port", "-1", "--config", str(config),
+                                          "--listen", f"127.0.0.1:{port}"),
+                            capture_output=True, text=True, timeout=60)
+    assert shared.returncode == 3, shared.stderr
+    assert f"listen.tcp: cannot bind 127.0.0.1:{port}" in shared.stderr
+    # The first daemon still answers every call.
+    for _ in range(5):
+        assert json.loads(grpcurl("-plaintext", daemon.address,
+                                  "kvtether.v1.Inspect/GetPolicy"))["name"] == "continuum"
+
+
 def test_daemon_runs_on_redis(redis_url: str) -> None:
     with running_daemon("--redis-url", redis_url, "--policy", "fcfs") as daemon:
         policy = json.loads(grpcurl("-plaintext", daemon.address,

@@ -19,11 +19,20 @@ from pathlib import Path
 
 import redis
 
+_PORTS_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now and never handed out before in this process. The kernel may
+    give a just-closed port again, and a test that asks for two (a daemon's main and
+    inspect ports) would get one port for both."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _PORTS_HANDED_OUT:
+            _PORTS_HANDED_OUT.add(port)
+            return port
 
 
 def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
