@@ -54,6 +54,8 @@ TOOL_TAIL_TOKENS = 512
 MAX_UNANSWERED = 4096
 # Jobs whose latest request's report seq the agent remembers (stale-release check).
 MAX_JOBS_REMEMBERED = 4096
+# Buckets of the decision-lag histogram: 0-6 steps, and 7 or more.
+LAG_BUCKETS = 8
 
 
 @dataclass(slots=True)
@@ -121,9 +123,11 @@ class EngineAgent:
         self._allocation_hook_on = False
         self._step_allocation_bound = self._allocation_bound()
         # Decision lag: steps between sending a report and applying its answer.
-        # lag_counts[k] counts answers applied k steps late (last bucket: >= that).
+        # lag_counts[k] counts answers applied k steps late (last bucket: >= that);
+        # it is the counters' field, so every report carries it to the daemon.
         self.step_index = 0
-        self.lag_counts = [0] * 8
+        self.counters.answers_by_lag_steps.extend([0] * LAG_BUCKETS)
+        self.lag_counts = self.counters.answers_by_lag_steps
         self._sent_at_step: dict[int, int] = {}
         # Retention: the effective priorities the daemon sent per live request, applied
         # to its blocks when they are freed (vllm_plugin.retention; None: not installed).

@@ -39,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.engine.paired import median_answer_lag_steps
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "engine"
 VOCAB = 2048  # the tiny model's
@@ -175,6 +177,7 @@ def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 # Cumulative on the engine, exported by the daemon once it has heard from the engine.
 ENGINE_COUNTER = "kvtether_engine_fallback_steps"
+LAG_COUNTER = "kvtether_engine_answers_by_lag_steps"
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -224,11 +227,11 @@ class DaemonLoad:
 
     def _now(self) -> tuple[float, dict[str, float]]:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
-        ``carried``."""
+        ``carried`` and ``lag``."""
         metrics: dict[str, float] = {}
         for (name, labels), value in scrape_families(self.metrics_url).items():
-            carried = dict(labels).get("carried")
-            key = f"{name}:{carried}" if carried else name
+            kept = dict(labels).get("carried") or dict(labels).get("lag")
+            key = f"{name}:{kept}" if kept else name
             metrics[key] = metrics.get(key, 0.0) + value
         return _cpu_seconds(self.process), metrics
 
@@ -251,6 +254,11 @@ class DaemonLoad:
                 # Unknown unless the daemon had it when the run began (_resync): else
                 # the difference would be all the engine counted since it started.
                 "fallback_steps": grew(ENGINE_COUNTER) if ENGINE_COUNTER in before else None,
+                # The decisions the engine applied, by steps after their report (1: the
+                # next step, as designed). Known as the fallback steps are.
+                "answers_by_lag_steps": {
+                    key.removeprefix(f"{LAG_COUNTER}:"): grew(key) for key in metrics
+                    if key.startswith(f"{LAG_COUNTER}:") and key in before},
                 # What the daemon learned a step of this engine costs (0: not yet).
                 "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
@@ -270,7 +278,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         name: statistics.mean(r[name] for r in runs)
         if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
-    for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s"):
+    for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps"):
         merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
@@ -542,6 +550,19 @@ def main() -> int:
         print(f"{policy:<13}" + "".join(
             f"{v:>{w}.1f}" if (v := cpu.get(k)) is not None else f"{'-':>{w}}"
             for k, w in (("server", 17), ("children", 18))))
+    lags = sorted({int(k) for run in results.values()
+                   for k in (run.get("answers_by_lag_steps") or {})})
+    if lags:
+        print(f"\n{'answers by lag':<16}" + "".join(f"{f'{k} st':>8}" for k in lags)
+              + "  median  (share of the daemon's answers a round, by steps after the "
+              "report; 1: the next step)")
+        for policy, run in results.items():
+            by_lag = run.get("answers_by_lag_steps") or {}
+            total = sum(v for v in by_lag.values() if v) or 1.0
+            median = median_answer_lag_steps(run)
+            print(f"{policy:<16}" + "".join(f"{(by_lag.get(str(k)) or 0.0) / total:>8.1%}"
+                                            for k in lags)
+                  + f"{median if median is not None else '-':>8}")
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():

@@ -45,6 +45,23 @@ def _outside_vllm_s(run: dict[str, Any]) -> float | None:
     return None if client_s is None or e2e_s is None else client_s - e2e_s
 
 
+def median_answer_lag_steps(run: dict[str, Any]) -> int | None:
+    """The median steps between a report and the application of its answer, from a
+    run's ``answers_by_lag_steps`` ({lag: answers}); None where it was not recorded
+    (runs before it was, or no answer applied)."""
+    by_lag = sorted((int(lag), answers)
+                    for lag, answers in (run.get("answers_by_lag_steps") or {}).items())
+    total = sum(answers for _lag, answers in by_lag)
+    if total <= 0:
+        return None
+    seen = 0.0
+    for lag, answers in by_lag:
+        seen += answers
+        if seen >= total / 2:
+            return lag
+    return by_lag[-1][0]
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """Mean over paired rounds, its standard error and one-sided 95% upper bound."""

@@ -475,7 +475,8 @@ def _parser() -> argparse.ArgumentParser:
         "cpu", help="the real-engine benchmark's setup (vLLM's CPU build) over seeds")
     cpu.add_argument("--like", type=Path,
                      help="a benchmarks.engine result: its workload, its FCFS's learned "
-                          "step costs and time outside vLLM (flags override)")
+                          "step costs, time outside vLLM and median decision lag (flags "
+                          "override)")
     cpu.add_argument("--policies", default="fcfs,continuum,adaptive",
                      help="comma-separated; the first is the baseline; NAME@KEY=VALUE "
                           "sets a parameter")
@@ -488,7 +489,8 @@ def _parser() -> argparse.ArgumentParser:
     cpu.add_argument("--gap-s", type=float,
                      help="seconds a turn spends outside vLLM (HTTP, the client)")
     cpu.add_argument("--answer-lag-steps", type=int,
-                     help="the daemon's answers land this many steps late (default 0)")
+                     help="the daemon's answers land this many steps after the next "
+                          "(default 0, or --like's run's median lag less 1)")
     cpu.add_argument("--out", type=Path, help="write the per-seed figures here (JSON)")
 
     workload = commands.add_parser("workload", help="generate or check a workload file")

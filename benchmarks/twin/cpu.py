@@ -13,10 +13,12 @@ deterministic, so a figure here moves only with the code.
 
     python -m benchmarks.twin cpu --like benchmarks/results/engine/runs/RUN.json --seeds 10
 
-``--like`` takes a real-engine run's workload, its FCFS's learned step costs and time
-outside vLLM; flags override it. Where this twin and that run agree, the policy's
-decisions explain the real result; where they do not, the difference lies in what the
-twin does not model (the daemon's lag, the cores the engine shares).
+``--like`` takes a real-engine run's workload, its FCFS's learned step costs, time
+outside vLLM and the steps its answers took (the median of the histogram the engine
+reports, for runs that recorded it); flags override it. Where this twin and that run
+agree, the policy's decisions explain the real result; where they do not, the
+difference lies in what the twin does not model (the spread of the daemon's lag, the
+cores the engine shares).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class CpuSetup:
     decode_s_per_seq: float = 0.0
     # Seconds a turn spends outside vLLM (client to API server and back).
     gap_s: float = 0.0
-    # Steps the daemon's answers land after the next one (the twin's default: none).
+    # Steps the daemon's answers land after the next one (the twin's default: none;
+    # an engine whose answers take a median of k steps: k - 1).
     answer_lag_steps: int = 0
 
     @classmethod
@@ -65,9 +68,11 @@ class CpuSetup:
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"{run_path}: not an engine benchmark result with a "
                              f"{baseline!r} run ({error})") from error
-        from benchmarks.engine.paired import _outside_vllm_s
+        from benchmarks.engine.paired import _outside_vllm_s, median_answer_lag_steps
 
         outside_s = _outside_vllm_s(run)
+        # The twin applies an answer at the next step; the engine's median lag less that.
+        lag_steps = median_answer_lag_steps(run)
         return cls(
             kind=workload["kind"], jobs=workload["jobs"], jobs_per_s=workload["jobs_per_s"],
             scale=workload["scale"], time_scale=workload["time_scale"],
@@ -75,7 +80,8 @@ class CpuSetup:
             step_s=run.get("learned_step_s") or cls.step_s,
             prefill_s_per_token=run.get("learned_prefill_s_per_token")
             or cls.prefill_s_per_token,
-            gap_s=max(outside_s, 0.0) if outside_s is not None else 0.0)
+            gap_s=max(outside_s, 0.0) if outside_s is not None else 0.0,
+            answer_lag_steps=max(lag_steps - 1, 0) if lag_steps is not None else 0)
 
     def workload(self, seed: int) -> wl.Workload:
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)

@@ -91,6 +91,8 @@ class EngineRegistry:
         # Which session owns each engine's mirror: a stale session closing after the
         # engine reconnected must not drop the new session's mirror.
         self._owner: dict[str, object] = {}
+        # Each engine's decision-lag histogram as last exported to the metrics.
+        self._lags_exported: dict[str, tuple[int, ...]] = {}
 
     def handle(self, report: pb.StepReport, session: object | None = None) -> pb.StepDecision:
         """Validate, place and decide one report. Raises InvalidReport."""
@@ -151,6 +153,7 @@ class EngineRegistry:
         if engine_id is None or self._owner.get(engine_id) is not session:
             return
         del self._owner[engine_id]
+        self._lags_exported.pop(engine_id, None)
         if self.mirrors.pop(engine_id, None) is not None:
             self.decider.forget(engine_id)
             log.info("engine_disconnected", engine_id=engine_id)
@@ -163,6 +166,13 @@ class EngineRegistry:
             metrics.DECISIONS.labels("pin" if pin.action == pb.PIN_ACTION_PIN else "release").inc()
         metrics.ENGINE_FALLBACK_STEPS.labels(mirror.engine_id).set(
             mirror.counters.fallback_steps)
+        lags = tuple(mirror.counters.answers_by_lag_steps)
+        exported = self._lags_exported.get(mirror.engine_id, ())
+        if lags != exported:
+            self._lags_exported[mirror.engine_id] = lags
+            for lag, answers in enumerate(lags):  # a report moves one bucket or two
+                if lag >= len(exported) or exported[lag] != answers:
+                    metrics.ENGINE_ANSWERS_BY_LAG.labels(mirror.engine_id, str(lag)).set(answers)
         if decision.pins:
             self._update_pin_gauges()
 

@@ -74,6 +74,14 @@ ENGINE_FALLBACK_STEPS = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_ANSWERS_BY_LAG = Gauge(
+    "kvtether_engine_answers_by_lag_steps",
+    "Decisions the engine applied, by steps between its report and their application "
+    "(lag 1: the next step, as designed; the highest lag: that many or more; "
+    "engine-reported, cumulative).",
+    ["engine", "lag"],
+    registry=REGISTRY,
+)
 # An engine's step cost as the daemon learned it from the reports (set once known to
 # within 20%; see sidecar/runtime/steptime.py).
 ENGINE_PREFILL_S_PER_TOKEN = Gauge(

@@ -160,6 +160,34 @@ def test_fcfs_never_pins(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
+def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines) -> None:  # type: ignore[no-untyped-def]
+    # An operator reads on /metrics how many steps after its report the engine applied
+    # each answer: the histogram the engine keeps, as its last report carried it.
+    from tests.integration.test_metrics import scrape
+
+    with running_daemon("--policy", "continuum") as daemon:
+        engine = engines(daemon)
+        sent = _reports_as_sent(engine)
+        for turn in (1, 2):
+            engine.add(f"t{turn}", context(turn), job="agent", last=turn == 2)
+            engine.drain()
+        wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
+        reported = list(sent[-1].counters.answers_by_lag_steps)
+        name, engine_id = "kvtether_engine_answers_by_lag_steps", engine.agent.settings.engine_id
+
+        def exported() -> list[float]:
+            samples = scrape(daemon.metrics_port).get(name, ("", {}))[1]
+            return [samples.get((name, ("engine", engine_id), ("lag", str(lag))), -1.0)
+                    for lag in range(len(reported))]
+
+        wait_until(lambda: exported() == reported)  # once the daemon decided that report
+    assert len(reported) == 8
+    # Applied at the next schedule() (lag 1) or, when the engine went idle, waited for
+    # and applied in the same step (lag 0); the engine applied every answer it counted.
+    assert sum(reported) > 0 and sum(reported[:2]) >= sum(reported) / 2, reported
+    assert sum(reported) <= sum(engine.agent.lag_counts)
+
+
 def test_pin_survives_a_flood_that_evicts_unpinned_context(engines, continuum, fcfs) -> None:  # type: ignore[no-untyped-def]
     hits = {}
     for name, daemon in (("continuum", continuum), ("fcfs", fcfs)):
