@@ -229,8 +229,9 @@ class DaemonLoad:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
         ``carried`` and ``lag``."""
         metrics: dict[str, float] = {}
-        for (name, labels), value in scrape_families(self.metrics_url).items():
-            kept = dict(labels).get("carried") or dict(labels).get("lag")
+        for (name, label_pairs), value in scrape_families(self.metrics_url).items():
+            labels = dict(label_pairs)
+            kept = labels.get("carried") or labels.get("lag")
             key = f"{name}:{kept}" if kept else name
             metrics[key] = metrics.get(key, 0.0) + value
         return _cpu_seconds(self.process), metrics

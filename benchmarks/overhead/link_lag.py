@@ -32,6 +32,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks.overhead.engine_step import percentile
+
 
 def measure(period_s: float, reports: int) -> dict[str, object]:
     """Milliseconds from each report's send to its answer being taken (in send order),
@@ -77,10 +79,6 @@ def measure(period_s: float, reports: int) -> dict[str, object]:
     return {"latency_ms": [latency_ms[s] for s in sorted(latency_ms)], "elapsed_s": elapsed_s}
 
 
-def _percentile(sorted_ms: Sequence[float], share: float) -> float:
-    return sorted_ms[min(int(len(sorted_ms) * share), len(sorted_ms) - 1)]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--period-ms", type=float, default=2.0, help="a report this often")
@@ -120,11 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'GIL switch interval':<22}{'sent/s':>8}{'answered/s':>12}{'p50 ms':>9}{'p90 ms':>9}"
           f"{'p99 ms':>9}{'max ms':>9}")
     for interval, values in pooled.items():
-        ordered = sorted(values)
         print(f"{f'{interval:g} ms':<22}{1000.0 / args.period_ms:>8.0f}"
               f"{len(values) / elapsed_s[interval]:>12.0f}" + "".join(
-                  f"{_percentile(ordered, q):>9.2f}" for q in (0.5, 0.9, 0.99))
-              + f"{ordered[-1]:>9.2f}")
+                  f"{percentile(values, q):>9.2f}" for q in (0.5, 0.9, 0.99))
+              + f"{max(values):>9.2f}")
     return 0
 
 

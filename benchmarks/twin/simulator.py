@@ -143,7 +143,7 @@ def _answer_every_report(agent: Any, lag_steps: int = 0) -> None:
 
     ``lag_steps`` > 0 holds each answer back that many more looks at the link: the
     daemon of a real CPU engine, whose steps take a few ms, answers a step or more
-    late (``benchmarks.engine`` counts the steps that ran without an answer)."""
+    late (``benchmarks.engine`` records how many, ``answers_by_lag_steps``)."""
     link = agent.link
     take = link.take_decisions
     deadline_s = agent.settings.deadline_s
