@@ -178,6 +178,8 @@ def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 # Cumulative on the engine, exported by the daemon once it has heard from the engine.
 ENGINE_COUNTER = "kvtether_engine_fallback_steps"
 LAG_COUNTER = "kvtether_engine_answers_by_lag_steps"
+# Seconds the daemon's event-loop thread waited for a CPU (Linux only).
+CPU_WAIT_COUNTER = "kvtether_event_loop_cpu_wait_seconds_total"
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -247,6 +249,9 @@ class DaemonLoad:
         contents = "kvtether_step_report_contents_total:"
         return {"daemon_reports": grew("kvtether_step_reports_total"),
                 "daemon_cpu_s": cpu_s - cpu_before_s,
+                # Its event-loop thread's wait for a CPU: the daemon's share of the lag.
+                "daemon_cpu_wait_s": grew(CPU_WAIT_COUNTER) if CPU_WAIT_COUNTER in before
+                else None,
                 "reports_carried": {key.removeprefix(contents): grew(key)
                                     for key in metrics if key.startswith(contents)},
                 "decision_mean_s": (grew("kvtether_decision_latency_seconds_sum") / decided
@@ -271,7 +276,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     duration, and every round's raw result."""
     scalars = ("avg_job_duration_s", "median_job_duration_s", "p90_job_duration_s",
                "p95_job_duration_s", "prefix_cache_hit_rate", "preemptions", "kv_usage_mean",
-               "kv_usage_max", "daemon_reports", "daemon_cpu_s", "learned_prefill_s_per_token",
+               "kv_usage_max", "daemon_reports", "daemon_cpu_s", "daemon_cpu_wait_s",
+               "learned_prefill_s_per_token",
                "learned_step_s", "decision_mean_s", "fallback_steps",
                "client_request_mean_s")
     # A figure some round lacks (recorded before it was, or none measured) has no mean.
@@ -433,7 +439,18 @@ def main() -> int:
     parser.add_argument("--default-hardware", action="store_true",
                         help="leave the policies' hardware constants (prefill_s_per_token, "
                              "step_s) at their GPU defaults instead of measuring this engine")
+    parser.add_argument("--daemon-session", choices=["own", "shared"], default="own",
+                        help="own (the default): the daemon in a session of its own, which "
+                             "Linux schedules apart as it does a container; shared: in this "
+                             "process's, competing with the client threads for its share "
+                             "(how runs before the seventh VM were made)")
+    parser.add_argument("--daemon-autogroup-nice", type=int, default=None, metavar="N",
+                        help="set the daemon's autogroup nice (-20..19), as a CPU request "
+                             "weights a container (negative needs CAP_SYS_NICE)")
     args = parser.parse_args()
+    if args.daemon_autogroup_nice is not None and args.daemon_session != "own":
+        parser.error("--daemon-autogroup-nice weights the daemon's own session: "
+                     "it needs --daemon-session own")
     sys.path.insert(0, str(ROOT))
     import openai
     from tqdm import tqdm
@@ -447,7 +464,9 @@ def main() -> int:
                                num_jobs=args.jobs), args.scale, args.time_scale, args.max_output)
     model_dir = tiny_model_dir()
     daemon_metrics_port = free_port()
-    daemon = DaemonController("--metrics-port", str(daemon_metrics_port))
+    daemon = DaemonController("--metrics-port", str(daemon_metrics_port),
+                              own_session=args.daemon_session == "own",
+                              autogroup_nice=args.daemon_autogroup_nice)
     policies = args.policies.split(",")
     for policy in policies:  # a bad name or parameter fails before the engine starts
         try:
@@ -516,6 +535,9 @@ def main() -> int:
                      "rounds": args.rounds},
         # Passed to every policy that declares them (empty: the GPU defaults).
         "engine_measured": measured,
+        # How the daemon shared the CPUs (the README's seventh VM: it moves the lag).
+        "daemon": {"session": args.daemon_session,
+                   "autogroup_nice": args.daemon_autogroup_nice},
         "policy_params": {policy: policy_params(policy, measured) for policy in policies},
         "policies": results,
         # paired[baseline][policy]: average job over the baseline's, paired by round.
@@ -525,14 +547,16 @@ def main() -> int:
     _plot(result, args.out / "engine.png")
     base = results.get("fcfs")
     print(f"\n{'policy':<13}{'avg job s':>10}{'range s':>14}{'p95 s':>8}{'vs fcfs':>9}"
-          f"{'hit rate':>10}{'preempt':>9}{'reports':>9}{'daemon cpu':>11}")
+          f"{'hit rate':>10}{'preempt':>9}{'reports':>9}{'daemon cpu':>11}{'cpu wait':>10}")
     for policy, run in results.items():
         ratio = base["avg_job_duration_s"] / run["avg_job_duration_s"] if base else 1.0
         low, high = run["avg_job_duration_s_range"]
         print(f"{policy:<13}{run['avg_job_duration_s']:>10.2f}{f'{low:.2f}-{high:.2f}':>14}"
               f"{run['p95_job_duration_s']:>8.2f}{ratio:>8.2f}x"
               f"{run['prefix_cache_hit_rate']:>10.1%}{run['preemptions']:>9.1f}"
-              f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s")
+              f"{run['daemon_reports']:>9.0f}{run['daemon_cpu_s']:>10.1f}s"
+              + (f"{wait_s:>9.2f}s" if (wait_s := run.get("daemon_cpu_wait_s")) is not None
+                 else f"{'-':>10}"))
     print(f"\n{'policy':<13}{'queue s':>9}{'prefill s':>10}{'decode s':>9}{'ttft s':>8}"
           f"{'e2e s':>7}{'client s':>9}{'decide ms':>10}{'fallback':>9}  reports carrying")
     for policy, run in results.items():

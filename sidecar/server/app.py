@@ -45,6 +45,7 @@ from sidecar.server.limits import RateLimitInterceptor
 from sidecar.server.retention import RetentionService
 from sidecar.server.transport import bind_tcp, server_credentials
 from sidecar.store import Store, open_store
+from sidecar.telemetry import metrics
 from sidecar.telemetry.metrics import REGISTRY
 
 log = structlog.get_logger("kvtether.daemon")
@@ -157,6 +158,8 @@ class Daemon:
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
         self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
+        # Decisions run on this thread: export how long it waits for a CPU.
+        metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread()
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(
                 self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)

@@ -15,6 +15,8 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from sidecar.telemetry.cpu_wait import ThreadCpuWait
+
 # ``*_created`` series double the exposition and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -113,6 +115,11 @@ STORE_WRITES_DROPPED = Counter(
     "Queued store writes dropped because the store stayed down too long.",
     registry=REGISTRY,
 )
+# The event-loop thread's wait for a CPU (kvtether_event_loop_cpu_wait_seconds_total),
+# read at scrape time; the daemon names its thread when it starts serving.
+EVENT_LOOP_CPU_WAIT = ThreadCpuWait()
+REGISTRY.register(EVENT_LOOP_CPU_WAIT)
+
 INVALID_REPORTS = Counter(
     "kvtether_invalid_reports_total",
     "Step reports refused as malformed, by field.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
-from tests.support.daemon import running_daemon, serve_command
+from tests.support.daemon import (
+    DaemonController,
+    running_daemon,
+    serve_command,
+    set_autogroup_nice,
+)
 from tests.support.redis_server import free_port
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
@@ -220,3 +226,22 @@ def test_unix_socket_serves_with_group_access(tmp_path: Path) -> None:
         assert oct(socket_path.stat().st_mode & 0o777) == "0o660"
         listed = grpcurl("-plaintext", "-unix", str(socket_path), "list")
         assert "kvtether.v1.EngineSession" in listed
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(),
+                    reason="Linux with kernel.sched_autogroup_enabled=1")
+def test_the_engine_benchmarks_daemon_gets_a_cpu_share_of_its_own() -> None:
+    """benchmarks.engine starts the daemon in a session of its own, which Linux
+    schedules apart from the benchmark's client threads (as a container's cgroup),
+    weighted by the autogroup nice given; a value the kernel refuses names the file."""
+    controller = DaemonController(own_session=True, autogroup_nice=5)
+    try:
+        controller.start("fcfs")
+        assert controller.process is not None
+        pid = controller.process.pid
+        assert os.getsid(pid) == pid != os.getsid(0)
+        assert Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] == ["nice", "5"]
+        with pytest.raises(OSError, match=f"/proc/{pid}/autogroup: cannot set nice 99"):
+            set_autogroup_nice(pid, 99)
+    finally:
+        controller.stop()

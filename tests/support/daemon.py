@@ -52,6 +52,20 @@ def wait_serving(address: str, timeout_s: float = 20.0, process: subprocess.Pope
             time.sleep(0.1)
 
 
+def set_autogroup_nice(pid: int, nice: int) -> None:
+    """Weight the autogroup (the session) of ``pid`` for the CPU scheduler, as
+    ``/proc/PID/autogroup`` takes it: -20 (the largest share) to 19. Raises OSError
+    naming the file where the kernel has no autogroups or refuses the value."""
+    path = f"/proc/{pid}/autogroup"
+    try:
+        with open(path, "w") as autogroup:
+            autogroup.write(str(nice))
+    except OSError as error:
+        raise OSError(f"{path}: cannot set nice {nice} ({error.strerror or error}); "
+                      "autogroups need Linux with kernel.sched_autogroup_enabled=1, "
+                      "a negative value CAP_SYS_NICE") from error
+
+
 def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "sidecar.cli", "serve", *args]
 
@@ -84,10 +98,18 @@ class DaemonController:
     """A daemon on a fixed address that tests can stop, kill and restart (another
     policy, same address): the engine's link reconnects to whatever serves there."""
 
-    def __init__(self, *extra_args: str) -> None:
+    def __init__(self, *extra_args: str, own_session: bool = False,
+                 autogroup_nice: int | None = None) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.extra_args = extra_args
+        # Its own session puts the daemon in its own Linux autogroup, which the kernel
+        # shares CPU with as it does a container's cgroup: apart from the process that
+        # drives the engine (benchmarks/results/engine/README.md, the seventh VM).
+        self.own_session = own_session
+        # The autogroup's nice value, as a container's CPU request weights its cgroup
+        # (negative: a larger share; Linux, and privileged below 0). None: unchanged.
+        self.autogroup_nice = autogroup_nice
         self.process: subprocess.Popen[str] | None = None
         self.policy = ""
         self.params: tuple[str, ...] = ()
@@ -101,7 +123,10 @@ class DaemonController:
         self.process = subprocess.Popen(
             serve_command("--listen", self.address, "--metrics-port", "-1",
                           "--policy", policy, *flags, *self.extra_args),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=self.own_session)
+        if self.autogroup_nice is not None:
+            set_autogroup_nice(self.process.pid, self.autogroup_nice)
         wait_serving(self.address, process=self.process)
 
     def kill(self) -> None:

@@ -133,3 +133,13 @@ def test_a_variant_runs_the_policy_with_a_parameter_set_after_the_constants() ->
     build_policy("adaptive", _as_dict(flags))  # the daemon accepts them
     with pytest.raises(ValueError, match="'nope=1' is not KEY=VALUE for a parameter of adaptive"):
         policy_params("adaptive@nope=1", MEASURED)
+
+
+def test_a_weight_for_a_daemon_sharing_the_benchmarks_session_is_refused() -> None:
+    """The autogroup nice weights the daemon's own session; with the session shared it
+    would weight the benchmark's client too. Refused before any engine starts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine", "--daemon-session", "shared",
+         "--daemon-autogroup-nice", "-5"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--daemon-autogroup-nice weights the daemon's own session" in done.stderr
