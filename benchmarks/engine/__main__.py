@@ -10,6 +10,11 @@ Before the runs it times the engine's prefill and decode step (:func:`measure_en
 and passes them to every policy that declares ``prefill_s_per_token`` / ``step_s``,
 as a user sets them for their hardware; ``--default-hardware`` keeps the GPU defaults.
 
+The daemon runs in a session of its own (``--daemon-session own``), so Linux schedules it
+apart from this process's client threads, as it would a container; on 2 busy cores that
+decides how late its answers land (README, the seventh VM). ``--daemon-autogroup-nice``
+weights it further, as a CPU request would.
+
 With ``--rounds R`` every policy runs R times, the order rotated each round (so no
 policy always runs first, on a cold machine, or last); each figure is the mean of the
 rounds and ``avg_job_duration_s_range`` their spread: on a shared 2-core machine that
