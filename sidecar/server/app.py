@@ -46,6 +46,7 @@ from sidecar.server.retention import RetentionService
 from sidecar.server.transport import bind_tcp, server_credentials
 from sidecar.store import Store, open_store
 from sidecar.telemetry import metrics
+from sidecar.telemetry.cpu_wait import CpuWaitWatch
 from sidecar.telemetry.metrics import REGISTRY
 
 log = structlog.get_logger("kvtether.daemon")
@@ -158,8 +159,11 @@ class Daemon:
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
         self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
-        # Decisions run on this thread: export how long it waits for a CPU.
-        metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread()
+        # Decisions run on this thread: export how long it waits for a CPU, and say so
+        # in the log when that is long.
+        if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
+            self._tasks.append(asyncio.create_task(
+                _watch_cpu_wait(CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT)), name="cpu-wait"))
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(
                 self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
@@ -201,6 +205,13 @@ class Daemon:
             await self.engines.decider.retention.directory.close()
         await self.store.close()
         log.info("daemon_stopped")
+
+
+async def _watch_cpu_wait(watch: CpuWaitWatch, every_s: float = 60.0) -> None:
+    watch.check()
+    while True:
+        await asyncio.sleep(every_s)
+        watch.check()
 
 
 async def serve(config: DaemonConfig) -> None:

@@ -245,3 +245,8 @@ def test_the_engine_benchmarks_daemon_gets_a_cpu_share_of_its_own() -> None:
             set_autogroup_nice(pid, 99)
     finally:
         controller.stop()
+    refused = DaemonController(own_session=True, autogroup_nice=99)
+    with pytest.raises(OSError, match="cannot set nice 99"):
+        refused.start("fcfs")
+    # A daemon whose weight was refused is not left running without it.
+    assert refused.process is not None and refused.process.poll() is not None

@@ -128,31 +128,38 @@ def _report_for(daemon_stub: engine_session_pb2_grpc.EngineSessionStub, seconds:
     return reports
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux schedstat")
-def test_cpu_wait_shows_a_daemon_starved_of_cpu() -> None:
-    """With more busy processes than cores, the event-loop thread waits for a CPU on
-    most reports: the counter grows several times faster per report than with the
-    cores free (measured: 0.3-0.7 ms against 0.03-0.05 ms a report on 2 cores), and
+def _loop_thread_wait_s(pid: int) -> float:
+    """The daemon's main thread (its event loop: ``asyncio.run`` in ``kvtether serve``)
+    run-queue wait, read by this process from /proc."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="Linux schedstat")
+def test_cpu_wait_is_the_event_loops_and_grows_when_starved() -> None:
+    """The counter is the event-loop thread's run-queue wait, as /proc reads it from
+    outside the daemon at the same moment; with more busy processes than cores it grows
+    by more than 10 ms in 1.5 s of reports (measured: 0.24-0.52 s on 2 cores), and
     never by more than the time that passed."""
     hogs_count = 2 * (os.cpu_count() or 1) + 1
     with running_daemon("--policy", "fcfs") as daemon:
+        pid = daemon.process.pid
         stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
-        _report_for(stub, 0.3)  # warm: the first reports pay for imports and caches
-        before_s = _cpu_wait_s(daemon.metrics_port)
-        free_reports = _report_for(stub, 1.5)
-        free_wait_s = _cpu_wait_s(daemon.metrics_port) - before_s
+        _report_for(stub, 0.3)
+        for _ in range(3):
+            low_s = _loop_thread_wait_s(pid)
+            exported_s = _cpu_wait_s(daemon.metrics_port)
+            high_s = _loop_thread_wait_s(pid)
+            assert low_s <= exported_s <= high_s
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(hogs_count)]
         try:
             before_s = _cpu_wait_s(daemon.metrics_port)
             started = time.monotonic()
-            busy_reports = _report_for(stub, 1.5)
-            busy_wait_s = _cpu_wait_s(daemon.metrics_port) - before_s
+            _report_for(stub, 1.5)
+            waited_s = _cpu_wait_s(daemon.metrics_port) - before_s
             elapsed_s = time.monotonic() - started
         finally:
             for hog in hogs:
                 hog.kill()
                 hog.wait()
-    assert 0.01 < busy_wait_s < elapsed_s, (busy_wait_s, elapsed_s)
-    assert busy_wait_s / busy_reports > 2 * free_wait_s / free_reports, (
-        busy_wait_s, busy_reports, free_wait_s, free_reports)
+    assert 0.01 < waited_s < elapsed_s, (waited_s, elapsed_s)

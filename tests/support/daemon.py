@@ -126,7 +126,11 @@ class DaemonController:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
             start_new_session=self.own_session)
         if self.autogroup_nice is not None:
-            set_autogroup_nice(self.process.pid, self.autogroup_nice)
+            try:
+                set_autogroup_nice(self.process.pid, self.autogroup_nice)
+            except OSError:
+                self.kill()  # not left running unweighted, nor orphaned
+                raise
         wait_serving(self.address, process=self.process)
 
     def kill(self) -> None:
