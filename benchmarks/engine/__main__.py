@@ -219,6 +219,47 @@ class ProcessCpu:
         return {name: now[name] - self.started[name] for name in now}
 
 
+def _run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of a process now alive have waited in the run queue for a
+    CPU (Linux schedstat; a thread that ended takes its wait with it)."""
+    from sidecar.telemetry.cpu_wait import run_delay_s
+
+    total_s = 0.0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                total_s += run_delay_s(Path(f"/proc/{pid}/task/{tid}/schedstat"))
+    return total_s
+
+
+class RunQueueWait:
+    """Seconds vLLM's API server, its children (the engine core and its worker) and this
+    benchmark's client waited for a CPU since this object was made, each summed over
+    its threads. On 2 cores the engine keeps busy every process waits; a policy that
+    made one of them wait longer would show here (seventh VM, README: the API server
+    waited 0.6 s a round under every policy). Empty where Linux's schedstat is not."""
+
+    def __init__(self, server_pid: int) -> None:
+        import psutil
+
+        self.server = psutil.Process(server_pid)
+        self.enabled = Path("/proc/self/schedstat").exists()
+        self.started = self._now()
+
+    def _now(self) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        return {"api_server": _run_queue_wait_s(self.server.pid),
+                "engine": sum(_run_queue_wait_s(child.pid)
+                              for child in self.server.children(recursive=True)),
+                "client": _run_queue_wait_s(os.getpid())}
+
+    def delta(self) -> dict[str, float]:
+        # A thread that ended between the readings drops its wait out of the sum.
+        now = self._now()
+        return {name: max(now[name] - self.started[name], 0.0) for name in now}
+
+
 class DaemonLoad:
     """What the daemon cost during one policy's run: the step reports it decided, what
     they carried, its decision time and CPU seconds, and the steps the engine scheduled
@@ -290,7 +331,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         name: statistics.mean(r[name] for r in runs)
         if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
-    for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps"):
+    for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps",
+                 "run_queue_wait_s"):
         merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
@@ -512,11 +554,13 @@ def main() -> int:
                 assert daemon.process is not None
                 load = DaemonLoad(daemon.process.pid, metrics_url)
                 engine_cpu = ProcessCpu(process.pid)
+                waits = RunQueueWait(process.pid)
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
                 runs[policy].append({**run, **load.delta(),
-                                     "engine_cpu_s": engine_cpu.delta()})
+                                     "engine_cpu_s": engine_cpu.delta(),
+                                     "run_queue_wait_s": waits.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
         # Lower is better: a policy's average job over the baseline's, round by round.
         paired = {baseline: paired_ratios(runs, baseline) for baseline in policies}
@@ -574,12 +618,15 @@ def main() -> int:
               + f"{decide_ms:>10.2f}"
               + (f"{fallback:>9.0f}  " if fallback is not None else f"{'-':>9}  ")
               + ", ".join(f"{k} {v:.0f}" for k, v in run["reports_carried"].items() if v))
-    print(f"\n{'policy':<13}{'API server CPU s':>17}{'engine core CPU s':>18}  (a round)")
+    print(f"\n{'policy':<13}{'API server CPU s':>17}{'engine core CPU s':>18}"
+          f"{'waited for a CPU s: API server':>32}{'engine':>8}{'client':>8}  (a round)")
     for policy, run in results.items():
-        cpu = run["engine_cpu_s"]
+        cpu, waits = run["engine_cpu_s"], run.get("run_queue_wait_s") or {}
         print(f"{policy:<13}" + "".join(
             f"{v:>{w}.1f}" if (v := cpu.get(k)) is not None else f"{'-':>{w}}"
-            for k, w in (("server", 17), ("children", 18))))
+            for k, w in (("server", 17), ("children", 18))) + "".join(
+            f"{v:>{w}.2f}" if (v := waits.get(k)) is not None else f"{'-':>{w}}"
+            for k, w in (("api_server", 32), ("engine", 8), ("client", 8))))
     lags = sorted({int(k) for run in results.values()
                    for k in (run.get("answers_by_lag_steps") or {})})
     if lags:

@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from benchmarks.engine.__main__ import ProcessCpu, aggregate, paired_ratios, policy_params
+from benchmarks.engine.__main__ import (
+    ProcessCpu,
+    RunQueueWait,
+    aggregate,
+    paired_ratios,
+    policy_params,
+)
 from benchmarks.engine.profile import summarize
 from sidecar.policies.registry import build_policy, policy_parameters
 
@@ -143,3 +149,29 @@ def test_a_weight_for_a_daemon_sharing_the_benchmarks_session_is_refused() -> No
          "--daemon-autogroup-nice", "-5"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--daemon-autogroup-nice weights the daemon's own session" in done.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux schedstat")
+def test_run_queue_wait_shows_which_process_waited_for_a_cpu() -> None:
+    """With more busy processes than cores, the "server" (here a process that spins
+    and has a spinning child, as the API server has the engine core) and its child
+    both wait for a CPU, and the readings say so; the client (this process, asleep)
+    waits next to nothing."""
+    spin = "import time\nd = time.monotonic() + 1.5\nwhile time.monotonic() < d: pass\n"
+    server = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys\n"
+                               f"c = subprocess.Popen([sys.executable, '-c', {spin!r}])\n"
+                               f"{spin}c.wait()\n"])
+    hogs = [subprocess.Popen([sys.executable, "-c", spin])
+            for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.2)  # the server has started its child
+        waits = RunQueueWait(server.pid)
+        time.sleep(1.0)
+        waited = waits.delta()
+    finally:
+        for process in (server, *hogs):
+            process.wait(timeout=30)
+    assert set(waited) == {"api_server", "engine", "client"}
+    assert waited["api_server"] > 0.05 and waited["engine"] > 0.05, waited
+    assert waited["client"] < waited["api_server"], waited
