@@ -163,7 +163,7 @@ class Daemon:
         # in the log when that is long.
         if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
             self._tasks.append(asyncio.create_task(
-                _watch_cpu_wait(CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT)), name="cpu-wait"))
+                CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run(), name="cpu-wait"))
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(
                 self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
@@ -205,13 +205,6 @@ class Daemon:
             await self.engines.decider.retention.directory.close()
         await self.store.close()
         log.info("daemon_stopped")
-
-
-async def _watch_cpu_wait(watch: CpuWaitWatch, every_s: float = 60.0) -> None:
-    watch.check()
-    while True:
-        await asyncio.sleep(every_s)
-        watch.check()
 
 
 async def serve(config: DaemonConfig) -> None:

@@ -15,6 +15,7 @@ nanoseconds waiting on a run queue, and time slices run. Kernels built without
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -93,6 +94,13 @@ class CpuWaitWatch:
         self._clock = clock
         self._last: tuple[float, float] | None = None  # (clock, wait) at the last check
         self._warned_at: float | None = None
+
+    async def run(self, every_s: float = 60.0) -> None:
+        """Check now (the first reading) and every ``every_s`` until cancelled."""
+        self.check()
+        while True:
+            await asyncio.sleep(every_s)
+            self.check()
 
     def check(self) -> float | None:
         """The share of the time since the last check spent waiting for a CPU (None on
