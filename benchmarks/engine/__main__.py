@@ -185,6 +185,10 @@ ENGINE_COUNTER = "kvtether_engine_fallback_steps"
 LAG_COUNTER = "kvtether_engine_answers_by_lag_steps"
 # Seconds the daemon's event-loop thread waited for a CPU (Linux only).
 CPU_WAIT_COUNTER = "kvtether_event_loop_cpu_wait_seconds_total"
+# What the pins came to (sidecar/runtime/pin_outcomes.py), by outcome.
+PINS_ENDED = "kvtether_pins_ended_total"
+PIN_BLOCK_SECONDS = "kvtether_pin_block_seconds_total"
+PIN_OUTCOMES = ("returned", "not_returned")
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -275,11 +279,11 @@ class DaemonLoad:
 
     def _now(self) -> tuple[float, dict[str, float]]:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
-        ``carried`` and ``lag``."""
+        ``carried``, ``lag`` and ``outcome``."""
         metrics: dict[str, float] = {}
         for (name, label_pairs), value in scrape_families(self.metrics_url).items():
             labels = dict(label_pairs)
-            kept = labels.get("carried") or labels.get("lag")
+            kept = labels.get("carried") or labels.get("lag") or labels.get("outcome")
             key = f"{name}:{kept}" if kept else name
             metrics[key] = metrics.get(key, 0.0) + value
         return _cpu_seconds(self.process), metrics
@@ -311,6 +315,12 @@ class DaemonLoad:
                 "answers_by_lag_steps": {
                     key.removeprefix(f"{LAG_COUNTER}:"): grew(key) for key in metrics
                     if key.startswith(f"{LAG_COUNTER}:") and key in before},
+                # What the pins came to: ended with their job back (a saved
+                # re-computation) or not, and the block-seconds each kind held.
+                "pins_ended": {outcome: grew(f"{PINS_ENDED}:{outcome}")
+                               for outcome in PIN_OUTCOMES},
+                "pin_block_s": {outcome: grew(f"{PIN_BLOCK_SECONDS}:{outcome}")
+                                for outcome in PIN_OUTCOMES},
                 # What the daemon learned a step of this engine costs (0: not yet).
                 "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
@@ -332,7 +342,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps",
-                 "run_queue_wait_s"):
+                 "run_queue_wait_s", "pins_ended", "pin_block_s"):
         merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
@@ -640,6 +650,17 @@ def main() -> int:
             print(f"{policy:<16}" + "".join(f"{(by_lag.get(str(k)) or 0.0) / total:>8.1%}"
                                             for k in lags)
                   + f"{median if median is not None else '-':>8}")
+    pinned = {policy: run for policy, run in results.items()
+              if sum((run.get("pins_ended") or {}).values())}
+    if pinned:
+        print(f"\n{'pins a round':<16}{'ended':>8}{'job back':>10}{'block-s held':>14}"
+              f"{'job back':>10}  (job back: its next request arrived while the pin held)")
+        for policy, run in pinned.items():
+            ended, held = run["pins_ended"], run["pin_block_s"]
+            print(f"{policy:<16}{sum(ended.values()):>8.0f}"
+                  f"{ended['returned'] / sum(ended.values()):>10.0%}"
+                  f"{sum(held.values()):>14.1f}"
+                  f"{held['returned'] / (sum(held.values()) or 1.0):>10.0%}")
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():

@@ -150,7 +150,7 @@ class Decider:
             release = hook(step)
             released = False
             for request_id in release.request_ids:
-                pin = mirror.pins.pop(request_id, None)
+                pin = mirror.end_pin(request_id)
                 if pin is None:
                     continue  # already released: harmless by contract
                 released = True
@@ -240,7 +240,7 @@ class Decider:
         )
         retain = self.policy.on_finish(finished)
         for old in retain.release_pins:
-            pin = mirror.pins.pop(old, None)
+            pin = mirror.end_pin(old)
             if pin is not None:
                 decision.pins.add(request_id=old, action=pb.PIN_ACTION_RELEASE)
                 self._record(mirror, decision.seq, old, pin.job_id, "release",
@@ -261,14 +261,14 @@ class Decider:
                 action=pb.PIN_ACTION_PIN,
                 expires_at_s=expires_at_s,
             )
-            mirror.pins[request.request_id] = PinView(
+            mirror.add_pin(PinView(
                 request_id=request.request_id,
                 job_id=request.job_id,
                 blocks=event.blocks,
                 pinned_at_s=mirror.now_s,
                 expires_at_s=expires_at_s,
                 tool=tool,
-            )
+            ))
             self._record(mirror, decision.seq, request.request_id, request.job_id, "pin",
                          retain.reason, {**inputs, "ttl_s": retain.ttl_s})
             return

@@ -18,6 +18,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import retention_pb2
 from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
+from sidecar.runtime.pin_outcomes import PinOutcomes
 
 _STATE = {
     pb.REQUEST_STATE_UNSPECIFIED: RequestState.WAITING,
@@ -97,7 +98,9 @@ class EngineMirror:
         # step view costs two C-level list copies, not a pass over every request.
         self._views: dict[RequestState, dict[str, RequestView]] = {
             RequestState.WAITING: {}, RequestState.RUNNING: {}}
+        # Read freely; changed only through add_pin / end_pin (pin_outcomes counts them).
         self.pins: dict[str, PinView] = {}
+        self.pin_outcomes = PinOutcomes()
         self.counters = pb.EngineCounters()
         # The engine's step cost as learned so far (EngineRegistry sets it per report).
         self.engine_cost: EngineCost | None = None
@@ -107,6 +110,7 @@ class EngineMirror:
         if report.snapshot:
             self.requests.clear()
             self.pins.clear()
+            self.pin_outcomes.forget()
             for views in self._views.values():
                 views.clear()
         self.last_seq = report.seq
@@ -148,16 +152,17 @@ class EngineMirror:
                 self._views[replaced.state].pop(new.request_id, None)
             self.requests[new.request_id] = live
             self._views[live.state][new.request_id] = live.view()
+            self.pin_outcomes.job_returned(live.job_id, live.arrival_s)
             delta.arrived.append(live)
         for pin in report.pins:
-            self.pins[pin.request_id] = PinView(
+            self.add_pin(PinView(
                 request_id=pin.request_id,
                 job_id=effective_job_id(pin.job_id, pin.request_id),
                 blocks=pin.blocks,
                 pinned_at_s=pin.pinned_at_s,
                 expires_at_s=pin.expires_at_s,
                 tool=pin.tool or None,
-            )
+            ))
         for event in report.events:
             known = self.requests.get(event.request_id)
             if known is None:
@@ -175,8 +180,23 @@ class EngineMirror:
                 self._views[known.state].pop(event.request_id, None)
                 delta.finished.append(Finished(request=known.view(), event=event))
         for request_id in report.released_pins:
-            self.pins.pop(request_id, None)
+            self.end_pin(request_id)
         return delta
+
+    def add_pin(self, pin: PinView) -> None:
+        self.pins[pin.request_id] = pin
+        self.pin_outcomes.pinned(pin)
+        # The job's next request may have arrived before its pin was decided (a tool
+        # back within the report): the pin holds its context all the same.
+        if any(live.job_id == pin.job_id for live in self.requests.values()):
+            self.pin_outcomes.job_returned(pin.job_id, pin.pinned_at_s)
+
+    def end_pin(self, request_id: str) -> PinView | None:
+        """The pin is released (by the daemon or the engine); None: not held."""
+        pin = self.pins.pop(request_id, None)
+        if pin is not None:
+            self.pin_outcomes.ended(request_id, self.now_s)
+        return pin
 
     def _move(self, live: LiveRequest, state: RequestState) -> None:
         self._views[live.state].pop(live.request_id, None)

@@ -70,6 +70,23 @@ PINS_ACTIVE = Gauge(
 PINNED_BLOCKS = Gauge(
     "kvtether_pinned_blocks", "KV blocks held by pins on connected engines.", registry=REGISTRY
 )
+# What pins came to (sidecar/runtime/pin_outcomes.py): a pin pays only if its job's
+# next request arrives while it holds. Their ratio, and the block-seconds behind each,
+# say whether a policy's pins earn their memory on this workload.
+PINS_ENDED = Counter(
+    "kvtether_pins_ended_total",
+    "Pins released, by outcome: returned (the job's next request arrived while the pin "
+    "held its context) or not_returned (released first: memory held for nothing).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+PIN_BLOCK_SECONDS = Counter(
+    "kvtether_pin_block_seconds_total",
+    "KV block-seconds pins held, by outcome: from the pin to its job's return, or to its "
+    "release when the job did not return.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ENGINE_FALLBACK_STEPS = Gauge(
     "kvtether_engine_fallback_steps",
     "Steps engines scheduled natively because no fresh decision came (engine-reported).",

@@ -109,6 +109,39 @@ def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> N
     # The event-loop thread's wait for a CPU over the run (Linux schedstat).
     if sys.platform.startswith("linux"):
         assert 0.0 <= run["daemon_cpu_wait_s"] < 1.0
+    assert run["pins_ended"] == {"returned": 0, "not_returned": 0}, "adaptive pinned nothing"
+
+
+def test_the_engine_benchmark_reads_what_one_runs_pins_came_to() -> None:
+    """A real daemon pins a finished turn (continuum); its job's next turn arrives 2 s
+    later, and the turn after replaces the pin: one pin that paid, 2 s of its blocks."""
+    from benchmarks.engine.__main__ import DaemonLoad
+
+    with running_daemon("--policy", "continuum") as daemon:
+        stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
+        load = DaemonLoad(daemon.process.pid, f"http://127.0.0.1:{daemon.metrics_port}")
+
+        def turn(request_id: str, seq: int, at_s: float) -> pb.StepDecision:
+            return stub.Step(pb.StepReport(
+                engine_id="m", seq=seq, now_s=at_s, kv=KV, snapshot=seq == 1,
+                new_requests=[pb.NewRequest(request_id=request_id, job_id="j",
+                                            arrival_s=at_s, prompt_tokens=300)]))
+
+        def finished(request_id: str, seq: int, at_s: float) -> pb.StepDecision:
+            return stub.Step(pb.StepReport(engine_id="m", seq=seq, now_s=at_s, kv=KV, events=[
+                pb.RequestEvent(request_id=request_id, kind=pb.EVENT_KIND_FINISHED,
+                                at_s=at_s, finish_reason=pb.FINISH_REASON_STOP,
+                                output_tokens=20, tool="web_search", blocks=5)]))
+
+        turn("t1", 1, 1.0)
+        pinned = finished("t1", 2, 2.0)
+        assert [p.action for p in pinned.pins] == [pb.PIN_ACTION_PIN]
+        turn("t2", 3, 4.0)
+        finished("t2", 4, 5.0)
+        run = load.delta()
+
+    assert run["pins_ended"] == {"returned": 1, "not_returned": 0}
+    assert run["pin_block_s"] == {"returned": pytest.approx(5 * 2.0), "not_returned": 0}
 
 
 def _cpu_wait_s(port: int) -> float:
