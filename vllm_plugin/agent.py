@@ -553,6 +553,7 @@ class EngineAgent:
                         self._released.append(pin_decision.request_id)
                     continue
                 if pin_decision.action == pb.PIN_ACTION_PIN:
+                    self._count_provisional(pin)
                     pin.confirmed = True
                     pin.release_at_s = min(pin_decision.expires_at_s,
                                            pin.pinned_at_s + self.settings.max_pin_s)
@@ -748,6 +749,7 @@ class EngineAgent:
     def _release(self, pin: Pin, local: bool) -> None:
         if self.pins.pop(pin.request_id, None) is None:
             return
+        self._count_provisional(pin)
         if not self.pins:
             self._set_allocation_hook(False)
         sched = self.sched
@@ -762,6 +764,13 @@ class EngineAgent:
             self.block_pool.free_blocks(reversed(pin.blocks))
         if local and self.link.connected:
             self._released.append(pin.request_id)
+
+    def _count_provisional(self, pin: Pin) -> None:
+        """The daemon's word (or a local release) ends a provisional pin: count the
+        memory-time it held waiting for that word."""
+        if not pin.confirmed:
+            self.counters.provisional_block_seconds += len(pin.blocks) * max(
+                self.clock_s() - pin.pinned_at_s, 0.0)
 
     def _blocks_of(self, request_id: str) -> int:
         try:

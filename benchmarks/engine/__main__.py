@@ -189,6 +189,8 @@ CPU_WAIT_COUNTER = "kvtether_event_loop_cpu_wait_seconds_total"
 PINS_ENDED = "kvtether_pins_ended_total"
 PIN_BLOCK_SECONDS = "kvtether_pin_block_seconds_total"
 PIN_OUTCOMES = ("returned", "not_returned")
+# Engine-reported: block-seconds finished requests' blocks waited for the daemon's word.
+PROVISIONAL_COUNTER = "kvtether_engine_provisional_block_seconds"
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -321,6 +323,10 @@ class DaemonLoad:
                                for outcome in PIN_OUTCOMES},
                 "pin_block_s": {outcome: grew(f"{PIN_BLOCK_SECONDS}:{outcome}")
                                 for outcome in PIN_OUTCOMES},
+                # Held provisionally, awaiting the daemon's word (known as the
+                # fallback steps are).
+                "provisional_block_s": grew(PROVISIONAL_COUNTER)
+                if PROVISIONAL_COUNTER in before else None,
                 # What the daemon learned a step of this engine costs (0: not yet).
                 "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
@@ -335,7 +341,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "kv_usage_max", "daemon_reports", "daemon_cpu_s", "daemon_cpu_wait_s",
                "learned_prefill_s_per_token",
                "learned_step_s", "decision_mean_s", "fallback_steps",
-               "client_request_mean_s")
+               "client_request_mean_s", "provisional_block_s")
     # A figure some round lacks (recorded before it was, or none measured) has no mean.
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs)
@@ -654,13 +660,16 @@ def main() -> int:
               if sum((run.get("pins_ended") or {}).values())}
     if pinned:
         print(f"\n{'pins a round':<16}{'ended':>8}{'job back':>10}{'block-s held':>14}"
-              f"{'job back':>10}  (job back: its next request arrived while the pin held)")
+              f"{'job back':>10}{'provisional block-s':>21}  (job back: its next request "
+              "arrived while the pin held; provisional: held awaiting the daemon's word)")
         for policy, run in pinned.items():
             ended, held = run["pins_ended"], run["pin_block_s"]
+            provisional = run.get("provisional_block_s")
             print(f"{policy:<16}{sum(ended.values()):>8.0f}"
                   f"{ended['returned'] / sum(ended.values()):>10.0%}"
                   f"{sum(held.values()):>14.1f}"
-                  f"{held['returned'] / (sum(held.values()) or 1.0):>10.0%}")
+                  f"{held['returned'] / (sum(held.values()) or 1.0):>10.0%}"
+                  + (f"{provisional:>21.1f}" if provisional is not None else f"{'-':>21}"))
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():

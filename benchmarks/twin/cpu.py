@@ -150,7 +150,7 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
              f"token, answers {setup.answer_lag_steps} step(s) late",
              f"{'policy':<36}{'avg job s':>10}{'hits':>8}{'pinned blocks':>15}"
-             f"{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"]
+             f"{'provisional':>13}{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"]
     for policy, summaries in runs.items():
         ratio = estimate([s["avg_duration_s"] / b["avg_duration_s"]
                           for s, b in zip(summaries, runs[baseline], strict=True)])
@@ -158,6 +158,7 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
             f"{policy:<36}{statistics.fmean(s['avg_duration_s'] for s in summaries):>10.3f}"
             f"{statistics.fmean(s['prefix_cache_hit_rate'] for s in summaries):>8.1%}"
             f"{statistics.fmean(s['pinned_blocks_avg'] for s in summaries):>15.1f}"
+            f"{statistics.fmean(s.get('provisional_blocks_avg') or 0.0 for s in summaries):>13.1f}"
             f"{max(s['ttft_ms']['max'] for s in summaries) / 1e3:>12.2f}"
             f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}")
     lines.append(f"{len(next(iter(runs.values())))} seeds")
@@ -168,7 +169,8 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     """The setup and, per policy and seed, the figures the report reads (the twin's
     full summaries carry time series; these do not)."""
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
-            "preemptions", "pinned_blocks_avg", "kv_usage_avg", "ttft_ms")
+            "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
+            "ttft_ms")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s[key] for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}

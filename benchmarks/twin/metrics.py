@@ -114,6 +114,9 @@ def summarize(result: SimResult, policy: str, jobs_per_s: float) -> dict[str, An
         "pinned_blocks_avg": _r(statistics.fmean(s.pinned_blocks for s in samples), 1)
         if samples else None,
         "pinned_blocks_max": max((s.pinned_blocks for s in samples), default=0),
+        # Of those, the blocks finished turns held awaiting the daemon's word on a pin.
+        "provisional_blocks_avg": _r(result.provisional_block_s / result.end_s, 2)
+        if result.end_s > 0 else None,
         "engine": {
             "steps": result.steps,
             "idle_steps": result.idle_steps,

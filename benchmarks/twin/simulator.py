@@ -97,6 +97,8 @@ class SimResult:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     plugin_counters: dict[str, int] = field(default_factory=dict)
+    # KV block-seconds finished turns' blocks waited for the daemon's word on a pin.
+    provisional_block_s: float = 0.0
     pins_at_end: int = 0
     leaked_blocks: int = 0
 
@@ -353,6 +355,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
         result.plugin_counters = {name: int(getattr(counters, name)) for name in
                                   ("fallback_steps", "resyncs", "local_pin_expiries",
                                    "idle_pin_releases")}
+        result.provisional_block_s = counters.provisional_block_seconds
         agent.release_all_pins()
     result.leaked_blocks = start_free - pool.get_num_free_blocks()
     result.wall_s = time.perf_counter() - started

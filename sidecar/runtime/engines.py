@@ -166,6 +166,8 @@ class EngineRegistry:
             metrics.DECISIONS.labels("pin" if pin.action == pb.PIN_ACTION_PIN else "release").inc()
         metrics.ENGINE_FALLBACK_STEPS.labels(mirror.engine_id).set(
             mirror.counters.fallback_steps)
+        metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS.labels(mirror.engine_id).set(
+            mirror.counters.provisional_block_seconds)
         lags = tuple(mirror.counters.answers_by_lag_steps)
         exported = self._lags_exported.get(mirror.engine_id, ())
         if lags != exported:

@@ -93,6 +93,13 @@ ENGINE_FALLBACK_STEPS = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_PROVISIONAL_BLOCK_SECONDS = Gauge(
+    "kvtether_engine_provisional_block_seconds",
+    "KV block-seconds the engine held finished requests' blocks awaiting the daemon's "
+    "word on a pin (engine-reported, cumulative): the memory the answer lag costs.",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_ANSWERS_BY_LAG = Gauge(
     "kvtether_engine_answers_by_lag_steps",
     "Decisions the engine applied, by steps between its report and their application "

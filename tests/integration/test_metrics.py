@@ -87,14 +87,17 @@ def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> N
         too_early = DaemonLoad(daemon.process.pid, url)
         stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
                                 counters=pb.EngineCounters(fallback_steps=5,
-                                                           answers_by_lag_steps=[0, 4, 1])))
+                                                           answers_by_lag_steps=[0, 4, 1],
+                                                           provisional_block_seconds=2.5)))
         load = DaemonLoad(daemon.process.pid, url)
         stub.Step(pb.StepReport(engine_id="m", seq=2, now_s=2.0, kv=KV, new_requests=[
             pb.NewRequest(request_id="a", job_id="j", arrival_s=2.0)],
-            counters=pb.EngineCounters(fallback_steps=7, answers_by_lag_steps=[0, 5, 1])))
+            counters=pb.EngineCounters(fallback_steps=7, answers_by_lag_steps=[0, 5, 1],
+                                       provisional_block_seconds=3.0)))
         stub.Step(pb.StepReport(engine_id="m", seq=3, now_s=3.0, kv=KV,
                                 counters=pb.EngineCounters(fallback_steps=8,
-                                                           answers_by_lag_steps=[0, 5, 4])))
+                                                           answers_by_lag_steps=[0, 5, 4],
+                                                           provisional_block_seconds=4.0)))
         run = load.delta()
         started_too_early = too_early.delta()
 
@@ -103,6 +106,8 @@ def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> N
     assert run["daemon_reports"] == 2
     assert run["reports_carried"] == {"snapshot": 0, "new_requests": 1, "clock": 1}
     assert run["fallback_steps"] == 3
+    assert run["provisional_block_s"] == pytest.approx(1.5), "held awaiting the daemon"
+    assert started_too_early["provisional_block_s"] is None
     # This run's answers: one the next step, three two steps late.
     assert run["answers_by_lag_steps"] == {"0": 0, "1": 1, "2": 3}
     assert 0 < run["decision_mean_s"] < 1.0

@@ -136,12 +136,18 @@ def context(turn: int, length: int = 6 * BLOCK) -> list[int]:
 def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(engines, continuum) -> None:  # type: ignore[no-untyped-def]
     engine = engines(continuum)
     engine.add("t1", context(1), job="agent", last=False)
+    started_s = time.monotonic()
     engine.drain()
+    drained_s = time.monotonic() - started_s
     # The finished turn's blocks are held (not free), the request is gone from vLLM.
     assert "t1" in engine.agent.pins and "t1" not in engine.sched.requests
     assert engine.agent.pins["t1"].confirmed, "the daemon confirmed the provisional pin"
     pinned = len(engine.agent.pins["t1"].blocks)
     assert engine.free() == engine.start_free - pinned
+    # Held provisionally from the finish to the daemon's PIN: counted once, for the
+    # report carries it to the daemon's kvtether_engine_provisional_block_seconds.
+    provisional = engine.agent.counters.provisional_block_seconds
+    assert 0 < provisional <= pinned * drained_s
 
     engine.add("t2", context(2), job="agent", last=True)
     engine.drain()
@@ -158,6 +164,7 @@ def test_fcfs_never_pins(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
     engine.add("t1", context(1), job="agent", last=False)
     engine.drain()
     assert not engine.agent.pins and engine.free() == engine.start_free
+    assert engine.agent.counters.provisional_block_seconds == 0, "nothing held provisionally"
 
 
 def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines) -> None:  # type: ignore[no-untyped-def]
