@@ -39,6 +39,7 @@ from sidecar.retention.ranges import (
 from vllm_plugin.demand import WaitingDemand
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.metadata import RequestMetadata, read_metadata
+from vllm_plugin.provisional import ProvisionalCache
 from vllm_plugin.settings import PluginSettings
 
 logger = logging.getLogger("kvtether.plugin")
@@ -111,6 +112,7 @@ class EngineAgent:
         self._events: list[pb.RequestEvent] = []
         self._released: list[str] = []
         self._provisional_pins = False  # until the daemon's policy asks for them
+        self._provisional_cache = False  # held, unless the policy asks them cached
         self._pressure_order: list[str] = []
         self._pressure_max_running: int | None = None
         self._last_free_blocks = -1
@@ -133,6 +135,10 @@ class EngineAgent:
         # to its blocks when they are freed (vllm_plugin.retention; None: not installed).
         self.retention: dict[str, pb.BlockRetention] = {}
         self._pool_retention = getattr(self.block_pool, "kvtether_retention", None)
+        # Finished turns freed at the top priority while the daemon decides (None:
+        # retention not installed, so they are held instead).
+        self.provisional = (ProvisionalCache(self._pool_retention, self.block_pool, clock_s)
+                            if self._pool_retention is not None else None)
         # Requests reported but not yet answered (seq of that report, oldest first), and
         # the cached blocks of those that finished meanwhile: their priorities, if the
         # answer carries any, still apply to whatever of them is still cached.
@@ -234,6 +240,8 @@ class EngineAgent:
             # at the daemon's word, so an engine going idle never holds them.
             for pin in [p for p in self.pins.values() if p.job_id == meta.job_id]:
                 self._release(pin, local=True)
+            if self.provisional is not None:
+                self.provisional.release_job(meta.job_id)
         if (
             not self._provisional_pins
             or not self.link.connected
@@ -245,6 +253,8 @@ class EngineAgent:
                                                       pb.FINISH_REASON_LENGTH)
         ):
             return False
+        if self._cache_provisionally(request, meta):
+            return False  # vLLM frees them, queued at the provisional priority
         blocks = self.sched.kv_cache_manager.pop_blocks_for_free(request)
         del self.sched.requests[request.request_id]
         now_s = self.clock_s()
@@ -259,6 +269,22 @@ class EngineAgent:
             tool=meta.tool,
         )
         return True
+
+    def _cache_provisionally(self, request: Any, meta: RequestMetadata) -> bool:
+        """Keep the finished turn's blocks cached at the provisional priority instead of
+        holding them (vllm_plugin.provisional), when the daemon asks for it and the
+        blocks are the plugin's to prioritise: one KV cache group, and no retention
+        directives of the request's own (set or still to come)."""
+        if (not self._provisional_cache or self.provisional is None
+                or request.request_id in self.retention
+                or request.request_id in self._unanswered_ids):
+            return False
+        groups = self.sched.kv_cache_manager.get_blocks(request.request_id).blocks
+        if len(groups) != 1 or not groups[0]:
+            return False
+        return self.provisional.keep(
+            request.request_id, meta.job_id, groups[0], self.settings.provisional_pin_s,
+            getattr(request, "last_sched_seq", 0), meta.tool)
 
     def forget(self, request_id: str) -> None:
         """A request left without a pin (its blocks were freed the vLLM way)."""
@@ -377,6 +403,8 @@ class EngineAgent:
     def release_all_pins(self) -> None:
         for pin in list(self.pins.values()):
             self._release(pin, local=True)
+        if self.provisional is not None:
+            self.provisional.clear()
 
     def close(self) -> None:
         self.release_all_pins()
@@ -528,6 +556,7 @@ class EngineAgent:
             if decision.resync_requested:
                 continue
             self._provisional_pins = decision.provisional_pins
+            self._provisional_cache = decision.provisional_cache
             if self.waiting_demand.enabled != decision.count_waiting_demand:
                 # Stopped, it drops the waiting requests' hashes it holds.
                 self.waiting_demand.enable(decision.count_waiting_demand)
@@ -546,6 +575,10 @@ class EngineAgent:
                 self._finished_unanswered.pop(request_id, None)
             for pin_decision in decision.pins:
                 pin = self.pins.get(pin_decision.request_id)
+                if (pin is None and self.provisional is not None
+                        and pin_decision.request_id in self.provisional.waiting
+                        and self._decide_cached(pin_decision, decision.seq)):
+                    continue
                 if pin is None:
                     if pin_decision.action == pb.PIN_ACTION_PIN and self.link.connected:
                         # Not held here (never pinned, or released since): say so, or
@@ -569,6 +602,38 @@ class EngineAgent:
                     if pin_decision.HasField("retention_priority"):
                         self._soft_retain(pin, pin_decision)
                     self._release(pin, local=False)
+
+    def _decide_cached(self, decision: pb.PinDecision, answered_seq: int) -> bool:
+        """The daemon's word on a turn whose blocks wait cached (``self.provisional``).
+        PIN: a confirmed pin of the prefix still cached; False if none is (the caller
+        tells the daemon it holds nothing). RELEASE: lowered to the policy's soft
+        priority (``returned_job_priority`` if the release is stale)."""
+        assert self.provisional is not None
+        kept = self.provisional.waiting[decision.request_id]
+        if decision.action == pb.PIN_ACTION_PIN:
+            taken = self.provisional.take(decision.request_id)
+            blocks = taken[1] if taken is not None else []
+            if not blocks:
+                return False
+            pin = Pin(request_id=kept.request_id, job_id=kept.job_id, blocks=blocks,
+                      pinned_at_s=kept.finished_at_s,
+                      release_at_s=min(decision.expires_at_s,
+                                       kept.finished_at_s + self.settings.max_pin_s),
+                      confirmed=True, last_sched_seq=kept.last_sched_seq, tool=kept.tool)
+            self.pins[pin.request_id] = pin
+            return True
+        priority = (decision.retention_priority if decision.HasField("retention_priority")
+                    else None)
+        duration_s = (decision.retention_duration_s
+                      if decision.HasField("retention_duration_s") else None)
+        if (self._job_reported_seq.get(kept.job_id, 0) > answered_seq
+                and not any(p.job_id == kept.job_id for p in self.pins.values())):
+            # Stale (the job is back since the report): as _release_is_stale.
+            self.stale_releases_retained += 1
+            priority = max(self.settings.returned_job_priority, priority or 0)
+        self.provisional.release(decision.request_id, None if priority is None
+                                 else Protection(priority, duration_s))
+        return True
 
     def _release_is_stale(self, pin: Pin, answered_seq: int) -> bool:
         """The daemon released ``pin`` on a report older than its job's latest
@@ -652,6 +717,8 @@ class EngineAgent:
 
     # --- pins -----------------------------------------------------------------------
     def _expire_local_pins(self) -> None:
+        if self.provisional is not None and self.provisional.waiting:
+            self.provisional.expire(self.clock_s())
         if not self.pins:
             return
         now_s = self.clock_s()

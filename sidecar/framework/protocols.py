@@ -89,6 +89,9 @@ class Policy(
     # Whether the engine should hold a finished non-last-step request's blocks until
     # the daemon has decided (a provisional pin). False keeps vLLM's free-at-once.
     pins_finished_requests: bool
+    # With pins_finished_requests: keep those blocks cached at the top retention
+    # priority instead of held, so no allocation waits on the daemon's answer.
+    caches_provisional_pins: bool
     # Whether the policy reads ``KvView.waiting_demand_blocks``: the plugin counts it
     # only for a policy that does.
     reads_waiting_demand: bool

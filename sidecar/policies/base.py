@@ -50,6 +50,9 @@ class NativePolicy:
 
     name: str = "native"
     pins_finished_requests: bool = False
+    # Held (False) or cached at the top retention priority (True) while the daemon
+    # decides on a pin (vllm_plugin/provisional.py).
+    caches_provisional_pins: bool = False
     reads_waiting_demand: bool = False
     params_model: ClassVar[type[PolicyParams]] = NativeParams
 

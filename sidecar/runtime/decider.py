@@ -129,6 +129,7 @@ class Decider:
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(seq=seq, policy=self.policy.name,
                                    provisional_pins=self.policy.pins_finished_requests,
+                                   provisional_cache=self.policy.caches_provisional_pins,
                                    count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:

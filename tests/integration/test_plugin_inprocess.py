@@ -603,6 +603,51 @@ def test_adaptive_pins_while_memory_is_idle(engines, adaptive) -> None:  # type:
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
+@pytest.fixture(scope="module")
+def adaptive_cached() -> Iterator[DaemonProcess]:
+    with running_daemon("--policy", "adaptive", "--param", "provisional_cache=true") as daemon:
+        yield daemon
+
+
+def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(  # type: ignore[no-untyped-def]
+        engines, adaptive_cached) -> None:
+    engine = engines(adaptive_cached)
+    engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy's wish
+    engine.drain()
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    # Freed at the finish and kept cached; the daemon's PIN took the blocks back (an
+    # engine going idle waits for that answer). Nothing was held awaiting it.
+    assert engine.agent.pins["t1"].confirmed and not engine.agent.provisional.waiting
+    assert engine.agent.counters.provisional_block_seconds == 0
+    pinned = len(engine.agent.pins["t1"].blocks)
+    assert pinned >= 5 and engine.free() == engine.start_free - pinned
+    engine.add("t2", context(2), job="agent", last=True)
+    engine.drain()
+    assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
+def test_cached_turns_under_pressure_leak_nothing(engines, adaptive_cached) -> None:  # type: ignore[no-untyped-def]
+    engine = engines(adaptive_cached, num_blocks=48)
+    for job in range(12):
+        engine.add(f"j{job}-t1", [job * 50 + i for i in range(5 * BLOCK)], job=f"j{job}",
+                   last=False, max_tokens=24)
+    engine.drain()
+    for job in range(12):
+        engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
+                   last=True, max_tokens=24)
+    engine.drain()
+    assert not engine.agent.pins and not engine.agent.provisional.waiting
+    assert engine.free() == engine.start_free
+    from vllm_plugin.provisional import SCOPE
+
+    handle = engine.sched.kv_cache_manager.block_pool.kvtether_retention
+    owners = {entry.owner for block_id in range(48)
+              if (entry := handle.entry(block_id)) is not None}
+    assert SCOPE not in owners, "every provisional priority was lowered"
+
+
 def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
     engine = engines(adaptive, num_blocks=48)
     retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention

@@ -106,6 +106,11 @@ class AdaptiveParams(PolicyParams):
     # the free blocks, the cached contexts this policy released for jobs still in a
     # tool want the rest (value.py, memory_pressure). False: the waiting demand only.
     price_counts_released_contexts: bool = True
+    # While the daemon decides on a finished turn's pin, the engine keeps its blocks
+    # cached at the top retention priority (True) instead of holding them (False):
+    # an answer that lands late then holds nothing, but admissions may take the
+    # blocks before the pin lands (vllm_plugin/provisional.py; the adaptive README).
+    provisional_cache: bool = False
 
     @field_validator("horizons_s")
     @classmethod
@@ -167,6 +172,7 @@ class AdaptivePolicy(NativePolicy):
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
+        self.caches_provisional_pins = self.params.provisional_cache
         p = self.params
         self._local = threading.local()
         self._forecast = PriceForecast(p.price_window_s)

@@ -211,7 +211,7 @@ class BlockRetention(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., config: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class StepDecision(_message.Message):
-    __slots__ = ("seq", "resync_requested", "priorities", "pins", "retention", "policy", "decide_us", "provisional_pins", "pressure_release_order", "count_waiting_demand")
+    __slots__ = ("seq", "resync_requested", "priorities", "pins", "retention", "policy", "decide_us", "provisional_pins", "pressure_release_order", "count_waiting_demand", "provisional_cache")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RESYNC_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +222,7 @@ class StepDecision(_message.Message):
     PROVISIONAL_PINS_FIELD_NUMBER: _ClassVar[int]
     PRESSURE_RELEASE_ORDER_FIELD_NUMBER: _ClassVar[int]
     COUNT_WAITING_DEMAND_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_CACHE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     resync_requested: bool
     priorities: _containers.RepeatedCompositeFieldContainer[RequestPriority]
@@ -232,7 +233,8 @@ class StepDecision(_message.Message):
     provisional_pins: bool
     pressure_release_order: PinOrder
     count_waiting_demand: bool
-    def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: _Optional[bool] = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ..., count_waiting_demand: _Optional[bool] = ...) -> None: ...
+    provisional_cache: bool
+    def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: _Optional[bool] = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ..., count_waiting_demand: _Optional[bool] = ..., provisional_cache: _Optional[bool] = ...) -> None: ...
 
 class PinOrder(_message.Message):
     __slots__ = ("request_ids", "max_running")
