@@ -626,9 +626,7 @@ class EngineAgent:
                     else None)
         duration_s = (decision.retention_duration_s
                       if decision.HasField("retention_duration_s") else None)
-        if (self._job_reported_seq.get(kept.job_id, 0) > answered_seq
-                and not any(p.job_id == kept.job_id for p in self.pins.values())):
-            # Stale (the job is back since the report): as _release_is_stale.
+        if self._is_stale(kept.job_id, kept.finished_at_s, answered_seq):
             self.stale_releases_retained += 1
             priority = max(self.settings.returned_job_priority, priority or 0)
         self.provisional.release(decision.request_id, None if priority is None
@@ -647,10 +645,15 @@ class EngineAgent:
         turn could not yet use on a small cache, and every other request waited behind
         it (CPU engine, 24 blocks: 4.33 s a job against FCFS's 3.55 s; released soft,
         3.58 s with adaptive run alone; the twin keeps most of the gain)."""
-        if self._job_reported_seq.get(pin.job_id, 0) <= answered_seq:
+        return self._is_stale(pin.job_id, pin.pinned_at_s, answered_seq)
+
+    def _is_stale(self, job_id: str, at_s: float, answered_seq: int) -> bool:
+        """A release of the job's newest context (``at_s``) answering a report older
+        than the job's latest request (see _release_is_stale)."""
+        if self._job_reported_seq.get(job_id, 0) <= answered_seq:
             return False
-        return all(other.pinned_at_s <= pin.pinned_at_s for other in self.pins.values()
-                   if other.job_id == pin.job_id)
+        return all(other.pinned_at_s <= at_s for other in self.pins.values()
+                   if other.job_id == job_id)
 
     def _remember_reported(self, report: pb.StepReport) -> None:
         for new in report.new_requests:
