@@ -542,16 +542,19 @@ def _finished_status(name: str) -> Any:
     return RequestStatus[name]
 
 
+def twelve_jobs_of_two_turns(engine: Engine) -> None:
+    """More than a 48-block cache holds: twelve jobs' first turns (5 blocks each),
+    then their last turns (7 blocks), each wave drained."""
+    for turn, blocks, last in ((1, 5, False), (2, 7, True)):
+        for job in range(12):
+            engine.add(f"j{job}-t{turn}", [job * 50 + i for i in range(blocks * BLOCK)],
+                       job=f"j{job}", last=last, max_tokens=24)
+        engine.drain()
+
+
 def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> None:  # type: ignore[no-untyped-def]
     engine = engines(continuum, num_blocks=48)
-    for job in range(12):
-        engine.add(f"j{job}-t1", [job * 50 + i for i in range(5 * BLOCK)], job=f"j{job}",
-                   last=False, max_tokens=24)
-    engine.drain()
-    for job in range(12):
-        engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
-                   last=True, max_tokens=24)
-    engine.drain()
+    twelve_jobs_of_two_turns(engine)
     assert engine.preemptions > 0, "the load should exceed the KV cache"
     assert not engine.agent.pins
     assert engine.free() == engine.start_free
@@ -630,14 +633,7 @@ def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(  # type: ignore[n
 
 def test_cached_turns_under_pressure_leak_nothing(engines, adaptive_cached) -> None:  # type: ignore[no-untyped-def]
     engine = engines(adaptive_cached, num_blocks=48)
-    for job in range(12):
-        engine.add(f"j{job}-t1", [job * 50 + i for i in range(5 * BLOCK)], job=f"j{job}",
-                   last=False, max_tokens=24)
-    engine.drain()
-    for job in range(12):
-        engine.add(f"j{job}-t2", [job * 50 + i for i in range(7 * BLOCK)], job=f"j{job}",
-                   last=True, max_tokens=24)
-    engine.drain()
+    twelve_jobs_of_two_turns(engine)
     assert not engine.agent.pins and not engine.agent.provisional.waiting
     assert engine.free() == engine.start_free
     from vllm_plugin.provisional import SCOPE
