@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,11 @@ def test_the_watched_thread_is_the_one_that_asked() -> None:
         pytest.skip("kernel without CONFIG_SCHED_INFO")
     assert collector._schedstat.parent.name == str(watcher.native_id)
     # The thread has ended: the collector exports nothing rather than failing a scrape.
+    # join() returns as the thread's Python side finishes; the kernel removes its task
+    # a moment later (seen under load in CI), so wait for that first.
+    deadline_s = time.monotonic() + 5.0
+    while collector._schedstat.exists() and time.monotonic() < deadline_s:
+        time.sleep(0.01)
     assert list(collector.collect()) == []
 
     assert collector.watch_current_thread()
