@@ -611,8 +611,7 @@ class EngineAgent:
         assert self.provisional is not None
         kept = self.provisional.waiting[decision.request_id]
         if decision.action == pb.PIN_ACTION_PIN:
-            taken = self.provisional.take(decision.request_id)
-            blocks = taken[1] if taken is not None else []
+            blocks = self.provisional.take(decision.request_id)
             if not blocks:
                 return False
             pin = Pin(request_id=kept.request_id, job_id=kept.job_id, blocks=blocks,
@@ -622,15 +621,14 @@ class EngineAgent:
                       confirmed=True, last_sched_seq=kept.last_sched_seq, tool=kept.tool)
             self.pins[pin.request_id] = pin
             return True
-        priority = (decision.retention_priority if decision.HasField("retention_priority")
-                    else None)
-        duration_s = (decision.retention_duration_s
-                      if decision.HasField("retention_duration_s") else None)
+        protection = _protection_of(decision)
         if self._is_stale(kept.job_id, kept.finished_at_s, answered_seq):
             self.stale_releases_retained += 1
-            priority = max(self.settings.returned_job_priority, priority or 0)
-        self.provisional.release(decision.request_id, None if priority is None
-                                 else Protection(priority, duration_s))
+            protection = Protection(
+                max(self.settings.returned_job_priority,
+                    protection.priority if protection is not None else 0),
+                protection.duration_s if protection is not None else None)
+        self.provisional.release(decision.request_id, protection)
         return True
 
     def _release_is_stale(self, pin: Pin, answered_seq: int) -> bool:
@@ -682,12 +680,9 @@ class EngineAgent:
     def _soft_retain(self, pin: Pin, decision: pb.PinDecision) -> None:
         """A released pin's blocks stay cached at a retention priority (the policy's
         word, anonymous: it raises, never lowers what an owner set)."""
-        if self._pool_retention is None:
+        protection = _protection_of(decision)
+        if self._pool_retention is None or protection is None:
             return
-        protection = Protection(
-            decision.retention_priority,
-            decision.retention_duration_s if decision.HasField("retention_duration_s")
-            else None)
         self._pool_retention.retain(pin.blocks, [protection] * len(pin.blocks), "")
 
     def _apply_priorities(self, priorities: Iterable[pb.RequestPriority]) -> None:
@@ -868,6 +863,15 @@ class _FreedBlocks:
 
     prompt_tokens: int
     groups: list[tuple[int, list[Any], list[Any]]]
+
+
+def _protection_of(decision: pb.PinDecision) -> Protection | None:
+    """The soft retention a RELEASE names (None: none, vLLM's own priority)."""
+    if not decision.HasField("retention_priority"):
+        return None
+    return Protection(decision.retention_priority,
+                      decision.retention_duration_s
+                      if decision.HasField("retention_duration_s") else None)
 
 
 def _block_size(manager: Any, group: int, default: int) -> int:

@@ -77,7 +77,7 @@ class ProvisionalCache:
             release_at_s=now_s + bound_s, last_sched_seq=last_sched_seq, tool=tool)
         return True
 
-    def take(self, request_id: str) -> tuple[Provisional, list[Any]] | None:
+    def take(self, request_id: str) -> list[Any] | None:
         """The daemon pins it: take back the longest prefix of its blocks that still
         holds its content, priority lowered (the pin holds them now). None: not
         waiting here; an empty list: all evicted (nothing to pin)."""
@@ -93,7 +93,7 @@ class ProvisionalCache:
             self.block_pool.touch(prefix)  # out of the free queue, ref_cnt + 1
             self.retention.retain(prefix, [DEFAULT] * len(prefix), SCOPE)
         self._lower(kept.blocks[len(prefix):], kept.block_hashes[len(prefix):])
-        return kept, prefix
+        return prefix
 
     def release(self, request_id: str, protection: Protection | None = None) -> bool:
         """The daemon releases it: back to vLLM's priority, then ``protection`` (the
