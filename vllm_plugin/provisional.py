@@ -102,8 +102,8 @@ class ProvisionalCache:
         if kept is None:
             return False
         self._lower(kept.blocks, kept.block_hashes)
-        if protection is not None:  # tail first, as vLLM frees: the head is evicted last
-            self.retention.retain_freed(kept.blocks[::-1], kept.block_hashes[::-1],
+        if protection is not None:
+            self.retention.retain_freed(kept.blocks, kept.block_hashes,
                                         [protection] * len(kept.blocks), "")
         return True
 
@@ -126,5 +126,4 @@ class ProvisionalCache:
     def _lower(self, blocks: Sequence[Any], block_hashes: Sequence[Any]) -> None:
         """Back to vLLM's priority, at the most recently freed end, tail first."""
         if blocks:
-            self.retention.retain_freed(list(blocks)[::-1], list(block_hashes)[::-1],
-                                        [DEFAULT] * len(blocks), SCOPE)
+            self.retention.retain_freed(blocks, block_hashes, [DEFAULT] * len(blocks), SCOPE)

@@ -110,14 +110,16 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
         """:meth:`retain` for blocks a request has already freed (its priorities came
         after it finished): a block that still holds the same content (the hash it had
         then) takes the protection; a free one moves to its priority's queue, as if
-        freed now. Returns how many entries changed."""
+        freed now. Blocks come as the request held them, head first; they are requeued
+        tail first, as vLLM frees them, so that within a priority a prefix's head is
+        evicted last. Returns how many entries changed."""
         self.__class__ = RetentionBlockPool
         if self._queued:
             self._expire()
         now_s = self.clock_s()
         changed = 0
-        for block, block_hash, protection in zip(blocks, block_hashes, protections,
-                                                 strict=False):
+        in_freeing_order = list(zip(blocks, block_hashes, protections, strict=False))[::-1]
+        for block, block_hash, protection in in_freeing_order:
             if (block.is_null or block.pool is not self or block_hash is None
                     or block.block_hash != block_hash):
                 continue  # evicted since: other content now

@@ -419,6 +419,19 @@ def test_late_priorities_apply_to_blocks_still_holding_the_content() -> None:
     assert seq.ids[1] in allocation_order(pool)
 
 
+def test_late_priorities_keep_a_prefix_head_longest() -> None:
+    """Given head first (as the request held them), late priorities requeue the blocks
+    tail first, as vLLM frees them: evictions at that priority take the tail first and
+    leave the longest prefix a next turn can hit."""
+    pool = retention_pool(8)
+    seq = sequence(pool, 4)
+    hashes = [b.block_hash for b in seq.blocks]
+    free(seq)
+    assert retention(pool).retain_freed(seq.blocks, hashes, [Protection(90)] * 4, "s") == 4
+    # The 3 unprotected free blocks go first; then the protected ones, tail first.
+    assert allocation_order(pool)[3:] == list(reversed(seq.ids))
+
+
 # --- ownership, per block ----------------------------------------------------------
 @pytest.mark.parametrize(
     ("first", "second", "expected"),
