@@ -117,6 +117,28 @@ def test_last_step_is_released_and_supersedes_older_pins(adaptive: Policy) -> No
     assert decision.release_pins == ("r1",)
 
 
+def test_auto_holds_finished_turns_while_most_recent_finishes_are_pinned() -> None:
+    """provisional_cache=auto: the engine holds a finished turn's blocks while the
+    daemon decides when the policy has mostly been pinning, and caches them once most
+    of its recent answers were releases (sidecar/policies/adaptive/waiting.py)."""
+    policy = build_policy("adaptive", {"provisional_cache": "auto"})
+    s = _short_memory()
+    assert policy.caches_provisional_pins is False, "no answer yet: held, as before"
+    for _ in range(3):
+        assert policy.on_finish(s.finish("r1", tool="ls", samples_s=FAST,
+                                         blocks=100)).action is RetainAction.PIN
+    assert policy.caches_provisional_pins is False
+    for released in range(1, 5):
+        assert policy.on_finish(s.finish("r1", tool="make", samples_s=SLOW,
+                                         blocks=100)).action is RetainAction.SOFT_RETAIN
+        assert policy.caches_provisional_pins is (released > 3), released
+    # Last turns are no pin question: they do not move the share.
+    policy.on_finish(step(now=10).running("r9", job="z", last=True).finish("r9"))
+    assert policy.caches_provisional_pins is True
+    assert build_policy("adaptive", {"provisional_cache": "true"}).caches_provisional_pins
+    assert not build_policy("adaptive", {}).caches_provisional_pins
+
+
 def _released_big_context(policy: Policy) -> None:
     """Job "big" held a pin of 10 of 24 blocks for ls, which ran past every sample:
     the pin is released (its context stays cached while the job is in its tool)."""
@@ -737,8 +759,21 @@ def test_a_pin_whose_job_is_back_gives_way_last_and_only_if_cheaper_than_the_vic
         ({"fair_share_multiple": 0}, "fair_share_multiple"),
         ({"admission_window_s": 0}, "admission_window_s"),
         ({"memory_pryce": 1.0}, "memory_pryce"),
+        ({"provisional_cache": "sometimes"}, "provisional_cache"),
     ],
 )
 def test_bad_parameters_are_named(params: dict[str, object], message: str) -> None:
     with pytest.raises(PolicyConfigError, match=message):
         build_policy("adaptive", params)
+
+
+def test_the_wait_follows_the_recent_finishes_only() -> None:
+    from sidecar.policies.adaptive.waiting import WINDOW_FINISHES, PinShare
+
+    share = PinShare()
+    for _ in range(3 * WINDOW_FINISHES):
+        share.record(False)
+    assert share.caches()
+    for pinned in range(1, WINDOW_FINISHES // 2 + 1):
+        share.record(True)
+        assert share.caches() is (pinned < WINDOW_FINISHES // 2), pinned

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +46,7 @@ from sidecar.policies.adaptive.value import (
     recompute_s,
     retention_priority,
 )
+from sidecar.policies.adaptive.waiting import PinShare
 from sidecar.policies.base import (
     NativePolicy,
     PolicyParams,
@@ -110,7 +111,9 @@ class AdaptiveParams(PolicyParams):
     # cached at the top retention priority (True) instead of holding them (False):
     # an answer that lands late then holds nothing, but admissions may take the
     # blocks before the pin lands (vllm_plugin/provisional.py; the adaptive README).
-    provisional_cache: bool = False
+    # "auto": hold while at least half of the recent finishes were pinned, else cache
+    # (waiting.py).
+    provisional_cache: bool | Literal["auto"] = False
 
     @field_validator("horizons_s")
     @classmethod
@@ -172,8 +175,9 @@ class AdaptivePolicy(NativePolicy):
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
-        self.caches_provisional_pins = self.params.provisional_cache
         p = self.params
+        self._pin_share = PinShare() if p.provisional_cache == "auto" else None
+        self.caches_provisional_pins = p.provisional_cache is True
         self._local = threading.local()
         self._forecast = PriceForecast(p.price_window_s)
         self._admissions = AdmissionRate(p.admission_window_s)
@@ -447,7 +451,11 @@ class AdaptivePolicy(NativePolicy):
             price=price,
             source=source,
         )
-        if value.value_s > 0.0 and value.horizon_s > 0.0:
+        pinned = value.value_s > 0.0 and value.horizon_s > 0.0
+        if self._pin_share is not None:
+            self._pin_share.record(pinned)
+            self.caches_provisional_pins = self._pin_share.caches()
+        if pinned:
             return RetainDecision.pin(
                 value.horizon_s,
                 f"{self.name}: pin {value.horizon_s:g} s worth {value.value_s:.3g} s at "
