@@ -631,6 +631,44 @@ def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(  # type: ignore[n
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
+def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(  # type: ignore[no-untyped-def]
+        engines, adaptive_cached) -> None:
+    """A cached turn (provisional_cache) whose RELEASE was decided while its job was in
+    its tool, landing after the job's next turn arrived, is lowered only to the
+    returned-job priority (90), as a held pin's stale release is: the next turn hits.
+    The daemon is stopped so that the turn waits cached, and the crossing answer is
+    handed to the agent directly."""
+    from sidecar.api.v1 import engine_session_pb2 as pb
+
+    engine = engines(adaptive_cached)
+    retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
+    engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy's wish
+    engine.drain()
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.step()  # admitted and answered: a turn the daemon never answered is held
+    daemon = adaptive_cached.process
+    daemon.send_signal(signal.SIGSTOP)
+    try:
+        engine.drain()
+        assert "t1" in engine.agent.provisional.waiting, "cached, awaiting the word"
+        blocks = [block.block_id for block in engine.agent.provisional.waiting["t1"].blocks]
+        engine.agent.flush()
+        job_in_tool_seq = engine.agent.seq  # the daemon's view: the job is in its tool
+        engine.add("t2", context(2), job="agent", last=True)
+        engine.agent.flush()  # t2 reported: the job is back from here
+        engine.agent._apply([pb.StepDecision(seq=job_in_tool_seq, pins=[
+            pb.PinDecision(request_id="t1", action=pb.PIN_ACTION_RELEASE)])])
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+    assert "t1" not in engine.agent.provisional.waiting and "t1" not in engine.agent.pins
+    assert engine.agent.stale_releases_retained == 1
+    full = 6  # the prompt's full (hashed) blocks: context(1) is 6 blocks long
+    assert [retention.queued_priority(block_id) for block_id in blocks[:full]] == [90] * full
+    engine.drain()
+    assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
 def test_cached_turns_under_pressure_leak_nothing(engines, adaptive_cached) -> None:  # type: ignore[no-untyped-def]
     engine = engines(adaptive_cached, num_blocks=48)
     twelve_jobs_of_two_turns(engine)
