@@ -113,7 +113,7 @@ class AdaptiveParams(PolicyParams):
     # blocks before the pin lands (vllm_plugin/provisional.py; the adaptive README).
     # "auto": hold while at least half of the recent finishes were pinned, else cache
     # (waiting.py).
-    provisional_cache: bool | Literal["auto"] = False
+    provisional_cache: bool | Literal["auto"] = "auto"
 
     @field_validator("horizons_s")
     @classmethod
