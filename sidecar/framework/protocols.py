@@ -89,9 +89,13 @@ class Policy(
     # Whether the engine should hold a finished non-last-step request's blocks until
     # the daemon has decided (a provisional pin). False keeps vLLM's free-at-once.
     pins_finished_requests: bool
-    # With pins_finished_requests: keep those blocks cached at the top retention
-    # priority instead of held, so no allocation waits on the daemon's answer.
-    caches_provisional_pins: bool
     # Whether the policy reads ``KvView.waiting_demand_blocks``: the plugin counts it
     # only for a policy that does.
     reads_waiting_demand: bool
+
+    def caches_provisional_pins(self, engine_id: str) -> bool:
+        """With pins_finished_requests: whether the engine keeps the blocks of the
+        turns that finish before its next decision cached at the top retention
+        priority instead of held, so that no allocation waits on the daemon's
+        answer (vllm_plugin/provisional.py). Asked once per decision."""
+        ...

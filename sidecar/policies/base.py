@@ -50,9 +50,6 @@ class NativePolicy:
 
     name: str = "native"
     pins_finished_requests: bool = False
-    # Held (False) or cached at the top retention priority (True) while the daemon
-    # decides on a pin (vllm_plugin/provisional.py).
-    caches_provisional_pins: bool = False
     reads_waiting_demand: bool = False
     params_model: ClassVar[type[PolicyParams]] = NativeParams
 
@@ -61,6 +58,11 @@ class NativePolicy:
         if not isinstance(self.params, self.params_model):
             raise TypeError(f"{self.name} needs {self.params_model.__name__}, "
                             f"got {type(self.params)!r}")
+
+    def caches_provisional_pins(self, engine_id: str) -> bool:
+        """Held (False) or cached at the top retention priority (True) while the
+        daemon decides on a pin (vllm_plugin/provisional.py)."""
+        return False
 
     def order_waiting(self, step: StepView) -> Ordering:
         # vLLM's FCFS queue is a deque in arrival order.

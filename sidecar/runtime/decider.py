@@ -127,10 +127,11 @@ class Decider:
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
         started_ns = time.perf_counter_ns()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
-        decision = pb.StepDecision(seq=seq, policy=self.policy.name,
-                                   provisional_pins=self.policy.pins_finished_requests,
-                                   provisional_cache=self.policy.caches_provisional_pins,
-                                   count_waiting_demand=self.policy.reads_waiting_demand)
+        decision = pb.StepDecision(
+            seq=seq, policy=self.policy.name,
+            provisional_pins=self.policy.pins_finished_requests,
+            provisional_cache=self.policy.caches_provisional_pins(mirror.engine_id),
+            count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:
             self.recorder.on_arrival(live.view())

@@ -119,24 +119,28 @@ def test_last_step_is_released_and_supersedes_older_pins(adaptive: Policy) -> No
 
 def test_auto_holds_finished_turns_while_most_recent_finishes_are_pinned() -> None:
     """provisional_cache=auto: the engine holds a finished turn's blocks while the
-    daemon decides when the policy has mostly been pinning, and caches them once most
-    of its recent answers were releases (sidecar/policies/adaptive/waiting.py)."""
+    daemon decides when the policy has mostly been pinning that engine's turns, and
+    caches them once most of its recent answers there were releases
+    (sidecar/policies/adaptive/waiting.py)."""
     policy = build_policy("adaptive", {"provisional_cache": "auto"})
-    s = _short_memory()
-    assert policy.caches_provisional_pins is False, "no answer yet: held, as before"
+    s = _short_memory()  # engine-0
+    assert policy.caches_provisional_pins("engine-0") is False, "no answer yet: held"
     for _ in range(3):
         assert policy.on_finish(s.finish("r1", tool="ls", samples_s=FAST,
                                          blocks=100)).action is RetainAction.PIN
-    assert policy.caches_provisional_pins is False
+    assert policy.caches_provisional_pins("engine-0") is False
     for released in range(1, 5):
         assert policy.on_finish(s.finish("r1", tool="make", samples_s=SLOW,
                                          blocks=100)).action is RetainAction.SOFT_RETAIN
-        assert policy.caches_provisional_pins is (released > 3), released
+        assert policy.caches_provisional_pins("engine-0") is (released > 3), released
     # Last turns are no pin question: they do not move the share.
     policy.on_finish(step(now=10).running("r9", job="z", last=True).finish("r9"))
-    assert policy.caches_provisional_pins is True
-    assert build_policy("adaptive", {"provisional_cache": "true"}).caches_provisional_pins
-    assert not build_policy("adaptive", {}).caches_provisional_pins
+    assert policy.caches_provisional_pins("engine-0") is True
+    assert policy.caches_provisional_pins("engine-1") is False, "per engine"
+    fixed = build_policy("adaptive", {"provisional_cache": "true"})
+    assert fixed.caches_provisional_pins("engine-0") is True
+    assert build_policy("adaptive", {"provisional_cache": "false"}).caches_provisional_pins(
+        "engine-0") is False
 
 
 def _released_big_context(policy: Policy) -> None:

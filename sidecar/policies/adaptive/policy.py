@@ -176,8 +176,7 @@ class AdaptivePolicy(NativePolicy):
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         p = self.params
-        self._pin_share = PinShare() if p.provisional_cache == "auto" else None
-        self.caches_provisional_pins = p.provisional_cache is True
+        self._pin_shares: dict[str, PinShare] = {}  # provisional_cache=auto, per engine
         self._local = threading.local()
         self._forecast = PriceForecast(p.price_window_s)
         self._admissions = AdmissionRate(p.admission_window_s)
@@ -430,6 +429,13 @@ class AdaptivePolicy(NativePolicy):
 
     # --- finish: pin, soft-retain or release by value -------------------------------
 
+    def caches_provisional_pins(self, engine_id: str) -> bool:
+        mode = self.params.provisional_cache
+        if mode != "auto":
+            return mode
+        share = self._pin_shares.get(engine_id)
+        return share is not None and share.caches()
+
     def on_finish(self, finished: FinishInput) -> RetainDecision:
         superseded = superseded_pins(finished)
         request = finished.request
@@ -452,9 +458,8 @@ class AdaptivePolicy(NativePolicy):
             source=source,
         )
         pinned = value.value_s > 0.0 and value.horizon_s > 0.0
-        if self._pin_share is not None:
-            self._pin_share.record(pinned)
-            self.caches_provisional_pins = self._pin_share.caches()
+        if self.params.provisional_cache == "auto":
+            self._pin_shares.setdefault(step.engine_id, PinShare()).record(pinned)
         if pinned:
             return RetainDecision.pin(
                 value.horizon_s,

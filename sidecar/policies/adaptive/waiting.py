@@ -13,7 +13,8 @@ turn the policy will not pin, holding keeps memory from everyone for the lag and
 nothing. Which one a finish will get is not known when the engine must choose, so the
 choice follows the policy's recent answers: while at least half of the recent non-last
 finishes were pinned, hold; below that, cache. The window counts finishes, not
-seconds, so that it reads the same at any load.
+seconds, so that it reads the same at any load. The policy keeps one per engine: a
+saturated engine and an idle one behind the same daemon answer differently.
 """
 
 from __future__ import annotations
