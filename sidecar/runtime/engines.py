@@ -168,6 +168,8 @@ class EngineRegistry:
             mirror.counters.fallback_steps)
         metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS.labels(mirror.engine_id).set(
             mirror.counters.provisional_block_seconds)
+        metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
+            1 if decision.provisional_cache else 0)
         lags = tuple(mirror.counters.answers_by_lag_steps)
         exported = self._lags_exported.get(mirror.engine_id, ())
         if lags != exported:

@@ -100,6 +100,16 @@ ENGINE_PROVISIONAL_BLOCK_SECONDS = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+# Whether the daemon's last decision for an engine asked it to keep the turns that
+# finish cached at the top retention priority (1) rather than held (0) while it
+# decides on their pins (adaptive's provisional_cache=auto changes it as it goes).
+ENGINE_FINISHED_TURNS_CACHED = Gauge(
+    "kvtether_engine_finished_turns_cached",
+    "1 while the daemon asks the engine to keep finished turns' blocks cached at the top "
+    "retention priority, 0 while it asks them held, until its word on a pin lands.",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_ANSWERS_BY_LAG = Gauge(
     "kvtether_engine_answers_by_lag_steps",
     "Decisions the engine applied, by steps between its report and their application "

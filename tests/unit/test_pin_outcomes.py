@@ -8,6 +8,7 @@ import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.estimators.tool_time import ToolTimeEstimator
+from sidecar.framework.protocols import Policy
 from sidecar.framework.types import FinishInput, RetainDecision
 from sidecar.jobs.tracker import JobTracker
 from sidecar.policies.fcfs.policy import FcfsPolicy
@@ -34,7 +35,7 @@ def _counted() -> dict[str, float]:
         for outcome in ("returned", "not_returned")}
 
 
-def _engines(policy: FcfsPolicy) -> EngineRegistry:
+def _engines(policy: Policy) -> EngineRegistry:
     store = EmbeddedStore()
     recorder = Recorder(store, JobTracker(), ToolTimeEstimator(store), 100, 60.0)
     return EngineRegistry(Decider(policy, recorder, DecisionLog()))
@@ -110,3 +111,18 @@ def test_a_pin_a_snapshot_reports_keeps_its_pinned_time() -> None:
     assert _grew(before) == {
         "pins_ended:returned": 0, "pins_ended:not_returned": 1,
         "pin_block_seconds:returned": 0.0, "pin_block_seconds:not_returned": 4 * 2.0}
+
+
+def test_the_wait_the_daemon_asks_of_each_engine_is_exported() -> None:
+    """kvtether_engine_finished_turns_cached: what the last decision asked of the
+    engine for the turns that finish before the next (1 cached, 0 held)."""
+    from sidecar.policies.registry import build_policy
+
+    for policy, engine_id, expected in (
+            (build_policy("adaptive", {"provisional_cache": "true"}), "cached-e", 1.0),
+            (_PinsEveryTurn(), "held-e", 0.0)):
+        engines = _engines(policy)
+        engines.handle(pb.StepReport(engine_id=engine_id, seq=1, snapshot=True, now_s=0.0,
+                                     new_requests=[_new("a1", "a", 0.0)]))
+        assert REGISTRY.get_sample_value("kvtether_engine_finished_turns_cached",
+                                         {"engine": engine_id}) == expected
