@@ -137,7 +137,7 @@ class EngineAgent:
         self._pool_retention = getattr(self.block_pool, "kvtether_retention", None)
         # Finished turns freed at the top priority while the daemon decides (None:
         # retention not installed, so they are held instead).
-        self.provisional = (ProvisionalCache(self._pool_retention, self.block_pool, clock_s)
+        self.provisional = (ProvisionalCache(self._pool_retention, clock_s)
                             if self._pool_retention is not None else None)
         # Requests reported but not yet answered (seq of that report, oldest first), and
         # the cached blocks of those that finished meanwhile: their priorities, if the

@@ -49,11 +49,10 @@ class Provisional:
 
 class ProvisionalCache:
     """Finished turns awaiting the daemon's word, by request id. ``retention`` is the
-    block pool's handle (``vllm_plugin.retention.Retention``)."""
+    block pool's handle (``vllm_plugin.retention.Retention``; its ``pool`` the pool)."""
 
-    def __init__(self, retention: Any, block_pool: Any, clock_s: Callable[[], float]) -> None:
+    def __init__(self, retention: Any, clock_s: Callable[[], float]) -> None:
         self.retention = retention
-        self.block_pool = block_pool
         self.clock_s = clock_s
         self.waiting: dict[str, Provisional] = {}
 
@@ -90,7 +89,7 @@ class ProvisionalCache:
                 break
             prefix.append(block)
         if prefix:
-            self.block_pool.touch(prefix)  # out of the free queue, ref_cnt + 1
+            self.retention.pool.touch(prefix)  # out of the free queue, ref_cnt + 1
             self.retention.retain(prefix, [DEFAULT] * len(prefix), SCOPE)
         self._lower(kept.blocks[len(prefix):], kept.block_hashes[len(prefix):])
         return prefix

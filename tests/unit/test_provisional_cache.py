@@ -22,10 +22,13 @@ from tests.unit.test_retention_pool import (
 pytestmark = requires_vllm
 
 
-def cache(pool: Any, clock: Clock) -> Any:
+def cached_pool(num_blocks: int) -> tuple[Clock, Any, Any]:
+    """A clock, a block pool with retention on that clock, and its provisional cache."""
     from vllm_plugin.provisional import ProvisionalCache
 
-    return ProvisionalCache(retention(pool), pool, clock)
+    clock = Clock()
+    pool = retention_pool(num_blocks, clock)
+    return clock, pool, ProvisionalCache(retention(pool), clock)
 
 
 def finished(pool: Any, provisional: Any, blocks: int, request_id: str = "t1") -> Any:
@@ -37,9 +40,7 @@ def finished(pool: Any, provisional: Any, blocks: int, request_id: str = "t1") -
 
 
 def test_a_kept_turn_is_free_and_evicted_after_every_other_free_block() -> None:
-    clock = Clock()
-    pool = retention_pool(12, clock)
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(12)
     kept = finished(pool, provisional, 3)
     other = sequence(pool, 2)
     free(other)
@@ -50,9 +51,7 @@ def test_a_kept_turn_is_free_and_evicted_after_every_other_free_block() -> None:
 
 
 def test_a_pin_takes_back_the_prefix_still_cached() -> None:
-    clock = Clock()
-    pool = retention_pool(8, clock)
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(8)
     kept = finished(pool, provisional, 4)
     # Everything else and the kept turn's tail block are allocated to others.
     taken = pool.get_new_blocks(pool.get_num_free_blocks() - 3)
@@ -67,18 +66,14 @@ def test_a_pin_takes_back_the_prefix_still_cached() -> None:
 
 
 def test_a_pin_finds_nothing_when_the_head_was_evicted() -> None:
-    clock = Clock()
-    pool = retention_pool(5, clock)  # one is vLLM's null block
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(5)  # one is vLLM's null block
     finished(pool, provisional, 4)
     pool.get_new_blocks(4)
     assert provisional.take("t1") == []
 
 
 def test_a_release_lowers_the_turn_to_the_policys_priority_or_vllms() -> None:
-    clock = Clock()
-    pool = retention_pool(12, clock)
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(12)
     soft = finished(pool, provisional, 2, "soft")
     plain = finished(pool, provisional, 2, "plain")
     assert provisional.release("soft", Protection(60))
@@ -95,9 +90,7 @@ def test_a_release_lowers_the_turn_to_the_policys_priority_or_vllms() -> None:
 
 
 def test_the_bound_drops_the_priority_and_the_turn() -> None:
-    clock = Clock()
-    pool = retention_pool(6, clock)
-    provisional = cache(pool, clock)
+    clock, pool, provisional = cached_pool(6)
     kept = finished(pool, provisional, 2)
     clock.now_s += 1.0
     assert provisional.expire(clock()) == 0, "within the bound"
@@ -109,9 +102,7 @@ def test_the_bound_drops_the_priority_and_the_turn() -> None:
 
 
 def test_blocks_another_scope_protects_are_not_kept() -> None:
-    clock = Clock()
-    pool = retention_pool(6, clock)
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(6)
     seq = sequence(pool, 2)
     retain(seq, 70, scope="tenant")
     assert not provisional.keep("t1", "job", seq.blocks, 2.0, last_sched_seq=0, tool="")
@@ -122,9 +113,7 @@ def test_blocks_another_scope_protects_are_not_kept() -> None:
 def test_a_turn_reusing_a_soft_retained_prefix_is_kept() -> None:
     # The policy soft-retained the previous turn (anonymous); this turn hit those
     # blocks and finished: the plugin takes them over, and a release re-sets them.
-    clock = Clock()
-    pool = retention_pool(8, clock)
-    provisional = cache(pool, clock)
+    _clock, pool, provisional = cached_pool(8)
     seq = sequence(pool, 2)
     retain(seq, 60, scope="")
     assert provisional.keep("t2", "job", seq.blocks, 2.0, last_sched_seq=0, tool="")
