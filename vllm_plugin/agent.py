@@ -591,16 +591,12 @@ class EngineAgent:
                     pin.release_at_s = min(pin_decision.expires_at_s,
                                            pin.pinned_at_s + self.settings.max_pin_s)
                 elif pin_decision.action == pb.PIN_ACTION_RELEASE:
+                    protection = _protection_of(pin_decision)
                     if self._release_is_stale(pin, decision.seq):
                         self.stale_releases_retained += 1
-                        pin_decision = pb.PinDecision(
-                            request_id=pin.request_id, action=pb.PIN_ACTION_RELEASE,
-                            retention_priority=max(
-                                self.settings.returned_job_priority,
-                                pin_decision.retention_priority
-                                if pin_decision.HasField("retention_priority") else 0))
-                    if pin_decision.HasField("retention_priority"):
-                        self._soft_retain(pin, pin_decision)
+                        protection = self._for_returned_job(protection)
+                    if protection is not None:
+                        self._soft_retain(pin, protection)
                     self._release(pin, local=False)
 
     def _decide_cached(self, decision: pb.PinDecision, answered_seq: int) -> bool:
@@ -624,12 +620,18 @@ class EngineAgent:
         protection = _protection_of(decision)
         if self._is_stale(kept.job_id, kept.finished_at_s, answered_seq):
             self.stale_releases_retained += 1
-            protection = Protection(
-                max(self.settings.returned_job_priority,
-                    protection.priority if protection is not None else 0),
-                protection.duration_s if protection is not None else None)
+            protection = self._for_returned_job(protection)
         self.provisional.release(decision.request_id, protection)
         return True
+
+    def _for_returned_job(self, protection: Protection | None) -> Protection:
+        """A stale release's retention, held or cached alike: the policy's priority
+        raised to ``returned_job_priority``, for the duration the policy named (none:
+        until evicted, as any soft retention without one)."""
+        if protection is None:
+            return Protection(self.settings.returned_job_priority, None)
+        return Protection(max(self.settings.returned_job_priority, protection.priority),
+                          protection.duration_s)
 
     def _release_is_stale(self, pin: Pin, answered_seq: int) -> bool:
         """The daemon released ``pin`` on a report older than its job's latest
@@ -677,11 +679,10 @@ class EngineAgent:
                 self._pool_retention.retain_freed(blocks, hashes, protections,
                                                   retention.scope)
 
-    def _soft_retain(self, pin: Pin, decision: pb.PinDecision) -> None:
+    def _soft_retain(self, pin: Pin, protection: Protection) -> None:
         """A released pin's blocks stay cached at a retention priority (the policy's
         word, anonymous: it raises, never lowers what an owner set)."""
-        protection = _protection_of(decision)
-        if self._pool_retention is None or protection is None:
+        if self._pool_retention is None:
             return
         self._pool_retention.retain(pin.blocks, [protection] * len(pin.blocks), "")
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.retention.ranges import Protection
 from tests.support.daemon import DaemonController, DaemonProcess, running_daemon
 from tests.support.engine import requires_vllm, tiny_model_dir
 
@@ -566,8 +567,8 @@ def test_a_release_decided_before_the_job_came_back_stays_cached(  # type: ignor
     """The daemon decides on the report it last had; its answer lands a step later.
     A release decided while the job was in its tool, landing after the job's next
     turn arrived, frees the blocks but keeps them cached above everything below the
-    returned-job priority (90). The race depends on step timing, so the crossing
-    answer is handed to the agent directly."""
+    returned-job priority (90), for as long as the release said. The race depends on
+    step timing, so the crossing answer is handed to the agent directly."""
     from sidecar.api.v1 import engine_session_pb2 as pb
 
     engine = engines(continuum)
@@ -575,21 +576,24 @@ def test_a_release_decided_before_the_job_came_back_stays_cached(  # type: ignor
     engine.add("t1", context(1), job="agent", last=False)
     engine.drain()
     assert "t1" in engine.agent.pins
+    full = [block.block_id for block in engine.agent.pins["t1"].blocks[:6]]  # hashed
     job_in_tool_seq = engine.agent.seq  # the daemon's view: the job is in its tool
     engine.add("t2", context(2), job="agent", last=True)
     engine.agent.flush()  # t2 reported: the daemon knows the job is back from here
     answered = engine.agent.seq if answers_report_with_return else job_in_tool_seq
-    retained_before = retention.num_retained_entries
-    engine.agent._apply([pb.StepDecision(seq=answered, pins=[
-        pb.PinDecision(request_id="t1", action=pb.PIN_ACTION_RELEASE)])])
+    engine.agent._apply([pb.StepDecision(seq=answered, pins=[pb.PinDecision(
+        request_id="t1", action=pb.PIN_ACTION_RELEASE, retention_priority=40,
+        retention_duration_s=7.5)])])
 
     assert "t1" not in engine.agent.pins  # freed either way: no memory held back
+    kept = [retention.entry(block_id) for block_id in full]
     if answers_report_with_return:  # decided knowing t2 waits: the daemon's word
         assert engine.agent.stale_releases_retained == 0
-        assert retention.num_retained_entries == retained_before
-    else:
+        assert {entry.protection for entry in kept if entry} == {Protection(40, 7.5)}
+    else:  # raised for the returned job, for the duration the release named
         assert engine.agent.stale_releases_retained == 1
-        assert retention.num_retained_entries > retained_before, "kept cached, soft"
+        assert {entry.protection for entry in kept if entry} == {Protection(90, 7.5)}
+    assert all(kept), "every full block of t1 kept cached, soft"
     engine.drain()
     assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
     assert not engine.agent.pins and engine.free() == engine.start_free
@@ -656,14 +660,18 @@ def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(  # type
         job_in_tool_seq = engine.agent.seq  # the daemon's view: the job is in its tool
         engine.add("t2", context(2), job="agent", last=True)
         engine.agent.flush()  # t2 reported: the job is back from here
-        engine.agent._apply([pb.StepDecision(seq=job_in_tool_seq, pins=[
-            pb.PinDecision(request_id="t1", action=pb.PIN_ACTION_RELEASE)])])
+        engine.agent._apply([pb.StepDecision(seq=job_in_tool_seq, pins=[pb.PinDecision(
+            request_id="t1", action=pb.PIN_ACTION_RELEASE, retention_priority=40,
+            retention_duration_s=7.5)])])
     finally:
         daemon.send_signal(signal.SIGCONT)
     assert "t1" not in engine.agent.provisional.waiting and "t1" not in engine.agent.pins
     assert engine.agent.stale_releases_retained == 1
     full = 6  # the prompt's full (hashed) blocks: context(1) is 6 blocks long
     assert [retention.queued_priority(block_id) for block_id in blocks[:full]] == [90] * full
+    # The same retention as a held pin's stale release (the test above).
+    kept = {retention.entry(block_id).protection for block_id in blocks[:full]}
+    assert kept == {Protection(90, 7.5)}
     engine.drain()
     assert engine.cached_tokens["t2"] >= 6 * BLOCK - BLOCK, "turn 2 reused turn 1's KV"
     assert not engine.agent.pins and engine.free() == engine.start_free
