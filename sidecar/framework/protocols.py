@@ -99,3 +99,9 @@ class Policy(
         priority instead of held, so that no allocation waits on the daemon's
         answer (vllm_plugin/provisional.py). Asked once per decision."""
         ...
+
+    def forget_engine(self, engine_id: str) -> None:
+        """Drop what the policy keeps about ``engine_id``: the engine left (no session,
+        silent for ``engine_forget_after_s``). Engine ids come and go with pods; an
+        engine that reports again is learned again."""
+        ...

@@ -64,6 +64,9 @@ class NativePolicy:
         daemon decides on a pin (vllm_plugin/provisional.py)."""
         return False
 
+    def forget_engine(self, engine_id: str) -> None:
+        """The engine left: vLLM's scheduling keeps nothing about it."""
+
     def order_waiting(self, step: StepView) -> Ordering:
         # vLLM's FCFS queue is a deque in arrival order.
         ordered = sorted(step.waiting, key=_arrival_key)

@@ -9,10 +9,13 @@ keeps scheduling natively until it has sent one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Callable
 
 import structlog
+from prometheus_client import Gauge
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
@@ -79,11 +82,44 @@ def _count_contents(report: pb.StepReport) -> None:
         metrics.STEP_REPORT_CONTENTS.labels(name).inc()
 
 
-class EngineRegistry:
-    """Mirrors of the engines talking to this daemon, keyed by engine id."""
+# An engine's series that describe its session (the mirror's counters, the last
+# decision): removed when the session ends.
+_SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
+                   metrics.ENGINE_FINISHED_TURNS_CACHED)
+# What the daemon learned of an engine's hardware: kept across its sessions, removed
+# when the engine is forgotten.
+_LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
+                   metrics.ENGINE_STEP_S)
+# How long an engine may be gone before the daemon forgets it (DaemonConfig).
+DEFAULT_FORGET_AFTER_S = 600.0
 
-    def __init__(self, decider: Decider) -> None:
+
+def _remove_series(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set: older prometheus-clients raise
+        gauge.remove(*labels)
+
+
+class EngineRegistry:
+    """Mirrors of the engines talking to this daemon, keyed by engine id.
+
+    Engines come and go with pods (the plugin's default id is ``host:pid``, new at
+    every restart). What the daemon learned of an engine (its step cost, the policy's
+    state for it) outlives a dropped connection, so an engine that reconnects carries
+    on; an engine with no open session that has not reported or left for
+    ``forget_after_s`` is forgotten (:meth:`forget_departed`): that state, its mirror,
+    its metric series.
+    """
+
+    def __init__(self, decider: Decider, forget_after_s: float = DEFAULT_FORGET_AFTER_S,
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        if not forget_after_s > 0:
+            raise ValueError(f"forget_after_s must be > 0, got {forget_after_s!r}")
         self.decider = decider
+        self.forget_after_s = forget_after_s
+        self._clock_s = clock_s
+        # When each engine last reported or left, whichever is later (this daemon's
+        # clock): whom to forget.
+        self._last_seen_s: dict[str, float] = {}
         self.mirrors: dict[str, EngineMirror] = {}
         # Each engine's step cost, learned from its reports. Kept across sessions and
         # snapshots: the hardware does not change when the engine reconnects.
@@ -98,6 +134,7 @@ class EngineRegistry:
         """Validate, place and decide one report. Raises InvalidReport."""
         started = time.perf_counter()
         validate_report(report)
+        self._last_seen_s[report.engine_id] = self._clock_s()
         metrics.STEP_REPORTS.inc()
         _count_contents(report)
         mirror = self.mirrors.get(report.engine_id)
@@ -153,11 +190,40 @@ class EngineRegistry:
         if engine_id is None or self._owner.get(engine_id) is not session:
             return
         del self._owner[engine_id]
-        self._lags_exported.pop(engine_id, None)
+        self._last_seen_s[engine_id] = self._clock_s()
+        self._remove_session_series(engine_id)
         if self.mirrors.pop(engine_id, None) is not None:
             self.decider.forget(engine_id)
             log.info("engine_disconnected", engine_id=engine_id)
         self._update_pin_gauges()
+
+    def forget_departed(self) -> list[str]:
+        """Forget every engine with no open session that has neither reported nor
+        left for ``forget_after_s``; answer their ids. The daemon calls this
+        periodically."""
+        cutoff_s = self._clock_s() - self.forget_after_s
+        departed = [engine_id for engine_id, at_s in self._last_seen_s.items()
+                    if at_s <= cutoff_s and engine_id not in self._owner]
+        for engine_id in departed:
+            del self._last_seen_s[engine_id]
+            self._remove_session_series(engine_id)
+            for gauge in _LEARNED_GAUGES:
+                _remove_series(gauge, engine_id)
+            self.step_costs.forget(engine_id)
+            if self.mirrors.pop(engine_id, None) is not None:  # a session-less engine
+                self.decider.forget(engine_id)
+            self.decider.policy.forget_engine(engine_id)
+            log.info("engine_forgotten", engine_id=engine_id,
+                     silent_for_s=f"{self.forget_after_s:g}")
+        if departed:
+            self._update_pin_gauges()
+        return departed
+
+    def _remove_session_series(self, engine_id: str) -> None:
+        for gauge in _SESSION_GAUGES:
+            _remove_series(gauge, engine_id)
+        for lag in range(len(self._lags_exported.pop(engine_id, ()))):
+            _remove_series(metrics.ENGINE_ANSWERS_BY_LAG, engine_id, str(lag))
 
     def _count(self, decision: pb.StepDecision, mirror: EngineMirror) -> None:
         if decision.priorities:

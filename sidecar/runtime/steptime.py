@@ -188,6 +188,9 @@ class EngineStepCosts:
             estimator.add(work)
         return estimator
 
+    def forget(self, engine_id: str) -> None:
+        self._by_engine.pop(engine_id, None)
+
     def estimates(self) -> dict[str, EngineCost]:
         """Each engine's step cost, where it is known well enough."""
         found = {}

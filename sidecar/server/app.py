@@ -113,7 +113,8 @@ class Daemon:
         directory = RetentionDirectory(store)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
-        engines = EngineRegistry(Decider(policy, recorder, decisions, retention))
+        engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
+                                 forget_after_s=config.engine_forget_after_s)
 
         limiter = RateLimitInterceptor(
             f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
@@ -159,6 +160,8 @@ class Daemon:
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
         self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
+        self._tasks.append(asyncio.create_task(self._forget_departed_engines(),
+                                               name="forget-engines"))
         # Decisions run on this thread: export how long it waits for a CPU, and say so
         # in the log when that is long.
         if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
@@ -186,6 +189,14 @@ class Daemon:
             log.warning("retention_scopes_unauthenticated",
                         detail="retention scopes are claimed by callers, not authenticated: "
                                "configure auth.tokens or auth.tokens_file")
+
+    async def _forget_departed_engines(self) -> None:
+        """Checks a few times per ``engine_forget_after_s``: an engine is forgotten
+        at most a quarter of that late."""
+        every_s = min(self.config.engine_forget_after_s / 4, 60.0)
+        while True:
+            await asyncio.sleep(every_s)
+            self.engines.forget_departed()
 
     async def stop(self) -> None:
         """Health first, then drain in-flight calls within the grace, then flush."""

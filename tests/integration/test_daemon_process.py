@@ -161,6 +161,7 @@ def test_sigterm_flips_health_first_and_lets_in_flight_calls_finish() -> None:
         ((), "policy:\n  name: fcfs\n  colour: blue\n", "policy.colour"),
         (("--redis-url", "http://example"), None, "store.redis_url"),
         (("--listen", "nowhere"), None, "listen.tcp"),
+        ((), "engine_forget_after_s: 0\n", "engine_forget_after_s: Input should be greater"),
     ],
 )
 def test_bad_config_exits_nonzero_with_one_line(

@@ -201,3 +201,54 @@ def test_cpu_wait_is_the_event_loops_and_grows_when_starved() -> None:
                 hog.kill()
                 hog.wait()
     assert 0.01 < waited_s < elapsed_s, (waited_s, elapsed_s)
+
+
+def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
+    """A real daemon, told to forget engines gone for 2 s: an engine's session series
+    go when its stream ends, what was learned of it (its step cost) once it has been
+    gone that long."""
+    import random
+    import threading
+
+    from tests.unit.test_step_cost import reports
+
+    def engine_series(port: int) -> set[str]:
+        return {name for _family, (_kind, samples) in scrape(port).items()
+                for (name, *labels) in samples if ("engine", "pod-a") in labels}
+
+    works = reports(random.Random(3), 200)
+    stream_may_end = threading.Event()
+
+    def session():  # type: ignore[no-untyped-def]
+        for seq, work in enumerate(works, start=1):
+            yield pb.StepReport(
+                engine_id="pod-a", seq=seq, snapshot=seq == 1, now_s=0.05 * seq, kv=KV,
+                work=pb.StepWork(steps=work.steps, busy_s=work.busy_s,
+                                 prefill_tokens=work.prefill_tokens,
+                                 decode_seqs=work.decode_seqs),
+                counters=pb.EngineCounters(fallback_steps=1, answers_by_lag_steps=[0, seq]))
+        stream_may_end.wait(10)
+
+    with running_daemon("--policy", "adaptive",
+                        env={"KVTETHER_ENGINE_FORGET_AFTER_S": "2"}) as daemon:
+        stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
+        answers = stub.Session(session())
+        for _work, _answer in zip(works, answers, strict=False):  # works first: it
+            pass  # ends there, not waiting on a 201st answer
+        connected = engine_series(daemon.metrics_port)
+        stream_may_end.set()
+        assert list(answers) == []
+        left_at = time.monotonic()
+        learned = {"kvtether_engine_prefill_seconds_per_token", "kvtether_engine_step_seconds",
+                   "kvtether_engine_decode_seconds_per_request"}
+        assert connected == learned | {"kvtether_engine_fallback_steps",
+                                       "kvtether_engine_answers_by_lag_steps",
+                                       "kvtether_engine_finished_turns_cached",
+                                       "kvtether_engine_provisional_block_seconds"}
+        after_leaving = engine_series(daemon.metrics_port)
+        while engine_series(daemon.metrics_port) and time.monotonic() - left_at < 10:
+            time.sleep(0.05)
+        forgotten_after_s = time.monotonic() - left_at
+        assert not engine_series(daemon.metrics_port)
+    assert after_leaving == learned, "the session's series went with it, the cost stayed"
+    assert 2.0 <= forgotten_after_s < 4.0, "forgotten 2 s after leaving, checked every 0.5 s"

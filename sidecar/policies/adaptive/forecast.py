@@ -21,8 +21,9 @@ would have re-computed of the contexts this engine kept (``FcfsRecompute``).
 
 The only state in ``adaptive``: per engine, three floats for the price; two floats and
 the ids of the running requests for the rate; the ids of the live requests, with a
-number or a time each, for the clock; three floats for FCFS's re-compute. A daemon
-restart starts them afresh (memory assumed idle, the rate unknown, no request yet due
+number or a time each, for the clock; three floats for FCFS's re-compute. All go
+when the daemon forgets the engine (``PerEngine.forget``). A daemon restart starts
+them afresh (memory assumed idle, the rate unknown, no request yet due
 under arrival order, FCFS as fast as the engine, until steps say otherwise).
 """
 
@@ -33,8 +34,30 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from sidecar.framework.types import RequestView
+
+_State = TypeVar("_State")
+
+
+class PerEngine(Generic[_State]):
+    """State kept per engine id, under a lock (the twin decides on threads), and
+    dropped when the daemon forgets the engine (``AdaptivePolicy.forget_engine``)."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, _State] = {}
+        self._lock = threading.Lock()
+
+    def forget(self, engine_id: str) -> None:
+        with self._lock:
+            self._engines.pop(engine_id, None)
+
+    @property
+    def engine_ids(self) -> frozenset[str]:
+        """The engines with state here."""
+        with self._lock:
+            return frozenset(self._engines)
 
 
 @dataclass(slots=True)
@@ -44,14 +67,13 @@ class _Average:
     at_s: float
 
 
-class PriceForecast:
+class PriceForecast(PerEngine[_Average]):
     """Per engine, the time-weighted exponential average of the price of memory,
     with a time constant of ``window_s`` (0: no memory, the current price only)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._engines: dict[str, _Average] = {}
-        self._lock = threading.Lock()
+        super().__init__()
 
     def update(self, engine_id: str, now_s: float, price: float) -> float:
         """Record the price seen at ``now_s``; answer the forecast for the seconds
@@ -88,7 +110,7 @@ class _Rate:
     running: frozenset[str]  # the running requests at at_s
 
 
-class AdmissionRate:
+class AdmissionRate(PerEngine[_Rate]):
     """Per engine, the requests admitted per second, averaged over time with a time
     constant of ``window_s``. A request is admitted when it first shows among the
     running ones, so steps the policy does not see (the plugin reports a stall once)
@@ -96,8 +118,7 @@ class AdmissionRate:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = _positive_window(window_s)
-        self._engines: dict[str, _Rate] = {}
-        self._lock = threading.Lock()
+        super().__init__()
 
     def update(self, engine_id: str, now_s: float, running_ids: frozenset[str]) -> float:
         """Record the running requests seen at ``now_s``; answer the rate (1/s)."""
@@ -134,7 +155,7 @@ class _Clock:
     due_at_s: dict[str, float] = field(default_factory=dict)
 
 
-class ArrivalOrderClock:
+class ArrivalOrderClock(PerEngine[_Clock]):
     """Per engine, when FCFS would have admitted each live request: a virtual FCFS
     that admits, in arrival order, as many requests as the engine really admitted.
 
@@ -146,10 +167,6 @@ class ArrivalOrderClock:
     request is due: it does not grow with a backlog that built after it arrived.
     Admissions are counted from the running requests, as in ``AdmissionRate``: a
     step seen twice changes nothing, and steps the policy does not see lose none."""
-
-    def __init__(self) -> None:
-        self._engines: dict[str, _Clock] = {}
-        self._lock = threading.Lock()
 
     def update(self, engine_id: str, now_s: float, waiting: Iterable[RequestView],
                running: Iterable[RequestView],
@@ -211,7 +228,7 @@ class _Recompute:
         return 1.0 / (1.0 + self.extra_per_s)
 
 
-class FcfsRecompute:
+class FcfsRecompute(PerEngine[_Recompute]):
     """Per engine, how much slower than this engine FCFS would admit requests: the
     re-compute of the contexts this engine kept between turns and FCFS, its memory
     short, would have lost (the fair share's virtual FCFS runs at the rate this
@@ -237,8 +254,7 @@ class FcfsRecompute:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = _positive_window(window_s)
-        self._engines: dict[str, _Recompute] = {}
-        self._lock = threading.Lock()
+        super().__init__()
 
     def update(self, engine_id: str, now_s: float, admitted: Iterable[RequestView],
                first_turn: Callable[[RequestView], bool], prefill_s_per_token: float,
@@ -279,7 +295,7 @@ class FcfsRecompute:
             return 1.0 if state is None else state.factor
 
 
-class ReleasedContexts:
+class ReleasedContexts(PerEngine[dict[str, tuple[int, float]]]):
     """Per engine, the contexts ``adaptive`` let go of (cached at a retention priority
     at the finish, or a pin released) while their job is in a tool: what a pin's
     blocks would otherwise keep cached.
@@ -295,9 +311,7 @@ class ReleasedContexts:
 
     def __init__(self, horizon_s: float) -> None:
         self.horizon_s = horizon_s
-        # engine -> job -> (blocks, released at)
-        self._engines: dict[str, dict[str, tuple[int, float]]] = {}
-        self._lock = threading.Lock()
+        super().__init__()
 
     def record(self, engine_id: str, job_id: str, blocks: int, now_s: float) -> None:
         """The job's context of ``blocks`` blocks was released at ``now_s``."""

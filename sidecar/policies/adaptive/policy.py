@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -31,6 +31,7 @@ from sidecar.policies.adaptive.forecast import (
     AdmissionRate,
     ArrivalOrderClock,
     FcfsRecompute,
+    PerEngine,
     PriceForecast,
     ReleasedContexts,
 )
@@ -428,6 +429,22 @@ class AdaptivePolicy(NativePolicy):
         return memo.victims
 
     # --- finish: pin, soft-retain or release by value -------------------------------
+
+    def forget_engine(self, engine_id: str) -> None:
+        self._pin_shares.pop(engine_id, None)
+        for per_engine in self._per_engine():
+            per_engine.forget(engine_id)
+
+    def engines_known(self) -> frozenset[str]:
+        """The engines this policy keeps state about (what ``forget_engine`` drops)."""
+        known = set(self._pin_shares)
+        for per_engine in self._per_engine():
+            known |= per_engine.engine_ids
+        return frozenset(known)
+
+    def _per_engine(self) -> tuple[PerEngine[Any], ...]:
+        return (self._forecast, self._admissions, self._arrival_order, self._fcfs_recompute,
+                self._released, self._released_forecast)
 
     def caches_provisional_pins(self, engine_id: str) -> bool:
         mode = self.params.provisional_cache
