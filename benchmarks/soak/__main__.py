@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import platform
 import queue
 import random
@@ -36,6 +35,7 @@ from typing import Any
 import grpc
 import redis
 
+from benchmarks.machine import machine
 from benchmarks.soak.engines import run_engine
 from benchmarks.soak.monitor import Monitor
 from benchmarks.soak.report import per_minute, plot, redis_ops_per_report
@@ -125,20 +125,6 @@ def _versions() -> dict[str, str]:
             "grpcio": version("grpcio"), "redis_py": version("redis"),
             "redis_server": next((part.removeprefix("v=") for part in server
                                   if part.startswith("v=")), "?")}
-
-
-def _machine() -> dict[str, Any]:
-    import psutil
-
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next((line.split(":", 1)[1].strip() for line in cpuinfo
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "platform": platform.platform(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)}
 
 
 def main() -> int:
@@ -256,7 +242,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
         "versions": _versions(),
-        "machine": _machine(),
+        "machine": machine(),
         "config": {"minutes": args.minutes, "engines": args.engines,
                    "steps_per_s": args.steps_per_s, "policy": args.policy,
                    "directives_per_s": args.directives_per_s, "workload": asdict(shape),
