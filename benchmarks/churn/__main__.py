@@ -124,7 +124,8 @@ def run_engine(target: Daemon, reports: list[pb.StepReport]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.churn",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=300)
     parser.add_argument("--reports", type=int, default=150, help="step reports per engine")
     parser.add_argument("--forget-after-s", type=float, default=3.0)
