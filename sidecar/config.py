@@ -222,9 +222,10 @@ class DaemonConfig(BaseSettings):
     log_level: str = "info"
     # Most jobs tracked in memory; the least recently active are forgotten first.
     max_jobs_tracked: int = Field(100_000, ge=1)
-    # An engine with no open session that has not reported for this long is forgotten:
-    # its learned step cost, the policy's state for it, its metric series. Shorter
-    # absences (a dropped connection, a rolling restart under the same id) keep them.
+    # An engine with no open session that has neither reported nor left for this long
+    # is forgotten: its learned step cost, the policy's state for it, its metric
+    # series. Shorter absences (a dropped connection, a restart under the same id)
+    # keep them.
     engine_forget_after_s: float = Field(600.0, gt=0)
 
     @field_validator("log_level")

@@ -201,11 +201,11 @@ class EngineRegistry:
         """Forget every engine with no open session that has neither reported nor
         left for ``forget_after_s``; answer their ids. The daemon calls this
         periodically."""
-        cutoff_s = self._clock_s() - self.forget_after_s
+        now_s = self._clock_s()
         departed = [engine_id for engine_id, at_s in self._last_seen_s.items()
-                    if at_s <= cutoff_s and engine_id not in self._owner]
+                    if now_s - at_s >= self.forget_after_s and engine_id not in self._owner]
         for engine_id in departed:
-            del self._last_seen_s[engine_id]
+            gone_s = now_s - self._last_seen_s.pop(engine_id)
             self._remove_session_series(engine_id)
             for gauge in _LEARNED_GAUGES:
                 _remove_series(gauge, engine_id)
@@ -213,8 +213,7 @@ class EngineRegistry:
             if self.mirrors.pop(engine_id, None) is not None:  # a session-less engine
                 self.decider.forget(engine_id)
             self.decider.policy.forget_engine(engine_id)
-            log.info("engine_forgotten", engine_id=engine_id,
-                     silent_for_s=f"{self.forget_after_s:g}")
+            log.info("engine_forgotten", engine_id=engine_id, gone_for_s=f"{gone_s:.0f}")
         if departed:
             self._update_pin_gauges()
         return departed

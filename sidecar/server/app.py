@@ -196,7 +196,10 @@ class Daemon:
         every_s = min(self.config.engine_forget_after_s / 4, 60.0)
         while True:
             await asyncio.sleep(every_s)
-            self.engines.forget_departed()
+            try:
+                self.engines.forget_departed()
+            except Exception:  # a policy's forget_engine failed: try again next time
+                log.exception("forget_engines_failed")
 
     async def stop(self) -> None:
         """Health first, then drain in-flight calls within the grace, then flush."""
