@@ -370,14 +370,18 @@ def test_under_pressure_the_turn_of_an_older_job_holding_a_pin_goes_first(
 
 
 @UNDER_PRESSURE
-def test_under_pressure_an_older_job_holding_nothing_keeps_its_arrival_order(
+def test_under_pressure_an_older_job_holding_nothing_goes_after_the_pins_before_new_jobs(
         adaptive: Policy, new_waited_s: float, free_blocks: int) -> None:
-    # Nothing of its context is held for job order to protect: first, its whole
-    # prompt would head vLLM's queue, and the new job's first turn wait behind it.
-    s = _new_job_then_old_turn(now=10.0, new_waited_s=new_waited_s, free_blocks=free_blocks)
+    # By job age: its context is mostly still cached (released at a retention
+    # priority), and its later turns going first finish jobs sooner on a saturated
+    # engine. A job holding a pin goes before it, oldest job or not.
+    s = (_new_job_then_old_turn(now=10.0, new_waited_s=new_waited_s, free_blocks=free_blocks)
+         .waiting("held2", job="h", arrive=10.0 - 0.05, prompt=64)
+         .job("h", first_arrival=4.0, turns=1)
+         .pin("held1", job="h", blocks=2))
     ordering = adaptive.order_waiting(s.build())
-    assert list(ordering.request_ids) == ["new", "old2"]
-    assert "then arrival order" in ordering.reason
+    assert list(ordering.request_ids) == ["held2", "old2", "new"]
+    assert "then the others, by job age up to 30 s" in ordering.reason
     assert "keeping up" not in ordering.reason
 
 
@@ -449,6 +453,23 @@ def test_the_fair_share_is_the_wait_arrival_order_would_give() -> None:
     ordering = slow.order_waiting(_backlog(now=200.0).build())
     assert ordering.request_ids[0] == "cont"
     assert "fair share" not in ordering.reason
+
+
+def test_under_overload_a_job_holding_nothing_gains_at_most_30_s_on_new_jobs() -> None:
+    # The backlog of _backlog, its job in flight holding no pin, on an engine admitting
+    # 0.5 a second (nobody overdue): its turn ranks as if it had arrived 30 s before
+    # it did (the longest pin horizon). New jobs that came earlier than that go first;
+    # all its age would have put it before every one, held 81 first turns behind it.
+    policy = build_policy("adaptive", {})
+    _admitting(policy, per_s=0.5, until_s=200.0)
+    s = step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
+    for i in range(20, 101):
+        s.waiting(f"new{i}", job=f"n{i}", arrive=200.0 - i).job(f"n{i}", 200.0 - i)
+    ordered = list(policy.order_waiting(s.job("o", first_arrival=1.0, turns=3).build())
+                   .request_ids)
+    place = ordered.index("cont")
+    assert ordered[:place] == [f"new{i}" for i in range(100, 30, -1)]  # came by 169.9 s
+    assert ordered[place + 1:] == [f"new{i}" for i in range(30, 19, -1)]
 
 
 def test_a_request_arrival_order_would_have_admitted_long_ago_goes_first() -> None:
