@@ -74,7 +74,8 @@ class AdaptiveParams(PolicyParams):
     # waiting requests find no free block at all (scaled down with the shortage).
     memory_price: float = Field(default=1.0, ge=0.0)
     # How far ahead a pin is planned: candidate horizons, the longest is the most a
-    # pin is ever kept past its tool's start (the engine also caps it, max_pin_s).
+    # pin is ever kept past its tool's start (the engine also caps it, max_pin_s),
+    # and the most of its job's age a waiting turn holding no pin is credited with.
     horizons_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
     # Below this many samples of the tool, the distribution of all tools is used.
     min_samples: int = Field(default=5, ge=1)
