@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -279,7 +280,7 @@ def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(  # type:
     engine.agent.waiting_demand.count = counted
     engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
     for name in ("w1", "w2"):  # 8 blocks each: they wait on the hog's 13-15 of 19
-        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=fresh_job(name), last=True)
     for _ in range(6):
         engine.step()
     assert len(engine.sched.waiting) == 2
@@ -333,7 +334,7 @@ def test_the_link_thread_counts_the_waiting_demand_off_the_engine_thread(  # typ
     sent = _reports_as_sent(engine)
     engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
     for name in ("w1", "w2"):  # 8 blocks each: they wait on the hog's 13-15 of 19
-        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=fresh_job(name), last=True)
     for _ in range(6):
         engine.step()
     wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
@@ -365,7 +366,7 @@ def test_a_count_that_fails_on_the_link_thread_costs_that_report_its_count_only(
     sent = _reports_as_sent(engine)
     engine.add("hog", [1900] * (12 * BLOCK), job=None, last=True, max_tokens=40)
     for name in ("w1", "w2"):
-        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=name, last=True)
+        engine.add(name, [300 + i for i in range(8 * BLOCK)], job=fresh_job(name), last=True)
     for _ in range(6):
         engine.step()
     wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
@@ -541,6 +542,12 @@ def _finished_status(name: str) -> Any:
     from vllm.v1.request import RequestStatus
 
     return RequestStatus[name]
+
+
+def fresh_job(name: str) -> str:
+    """A job id no earlier test on the shared daemon used: the daemon remembers jobs,
+    and adaptive orders a job's turns by its age."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def twelve_jobs_of_two_turns(engine: Engine) -> None:
