@@ -205,7 +205,6 @@ class EngineRegistry:
         departed = [engine_id for engine_id, at_s in self._last_seen_s.items()
                     if now_s - at_s >= self.forget_after_s and engine_id not in self._owner]
         for engine_id in departed:
-            gone_s = now_s - self._last_seen_s.pop(engine_id)
             self._remove_session_series(engine_id)
             for gauge in _LEARNED_GAUGES:
                 _remove_series(gauge, engine_id)
@@ -213,6 +212,8 @@ class EngineRegistry:
             if self.mirrors.pop(engine_id, None) is not None:  # a session-less engine
                 self.decider.forget(engine_id)
             self.decider.policy.forget_engine(engine_id)
+            # Last: an engine whose forgetting failed part way is tried again.
+            gone_s = now_s - self._last_seen_s.pop(engine_id)
             log.info("engine_forgotten", engine_id=engine_id, gone_for_s=f"{gone_s:.0f}")
         if departed:
             self._update_pin_gauges()

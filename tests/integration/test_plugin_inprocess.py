@@ -266,6 +266,12 @@ def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_al
     engine.drain()
 
 
+def fresh_job(name: str) -> str:
+    """A job id no earlier test on the shared daemon used: the daemon remembers jobs,
+    and adaptive orders a job's turns by its age."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
 @pytest.mark.parametrize("policy, reads", [("fcfs", False), ("adaptive", True)])
 def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(  # type: ignore[no-untyped-def]
         engines, request, policy, reads) -> None:
@@ -542,12 +548,6 @@ def _finished_status(name: str) -> Any:
     from vllm.v1.request import RequestStatus
 
     return RequestStatus[name]
-
-
-def fresh_job(name: str) -> str:
-    """A job id no earlier test on the shared daemon used: the daemon remembers jobs,
-    and adaptive orders a job's turns by its age."""
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def twelve_jobs_of_two_turns(engine: Engine) -> None:
