@@ -71,6 +71,17 @@ def wait_for_daemon_engine(engine: LiveEngine, timeout_s: float = 15.0) -> float
             time.sleep(0.05)
 
 
+def drain(engine: LiveEngine, timeout_s: float = 15.0) -> None:
+    """Wait until every KV block is back in the pool. A pin ends on its local bound
+    (10 s at most here) at the engine's next step, so a one-token request is sent
+    every poll to make it step."""
+    deadline = time.monotonic() + timeout_s
+    while kv_usage(engine) != 0.0:
+        assert time.monotonic() < deadline, "pinned blocks leaked"
+        client(engine).completions.create(model="tiny", prompt="tick", max_tokens=1)
+        time.sleep(0.5)
+
+
 def ensure_policy(engine: LiveEngine, policy: str, *params: str) -> None:
     daemon = engine.daemon
     if (daemon.policy, daemon.params) != (policy, params) or daemon.process is None:
@@ -116,7 +127,8 @@ def test_pin_keeps_context_under_a_flood_and_fcfs_does_not(engine) -> None:  # t
 
 
 def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
-             mid_run: Any = None, lockstep: bool = False) -> list[Exception]:
+             mid_run: Any = None, lockstep: bool = False,
+             max_tokens: int = 160) -> list[Exception]:
     """Concurrent agent jobs; returns the failures (there must be none). ``lockstep``:
     every job sends each turn together with the others (after the slowest one's
     tool), so the turns' KV is wanted at once however fast the engine is."""
@@ -129,7 +141,7 @@ def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
             try:
                 if barrier is not None:
                     barrier.wait()
-                job.turn(last=turn == turns - 1, max_tokens=160)
+                job.turn(last=turn == turns - 1, max_tokens=max_tokens)
             except Exception as error:  # collected and asserted on below
                 failures.append(error)
                 if barrier is not None:
@@ -148,10 +160,17 @@ def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
 
 def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine) -> None:  # type: ignore[no-untyped-def]
     ensure_policy(engine, "continuum")
+    drain(engine)
     before = scrape(engine.base_url)
     # In lockstep: with jobs free-running, a fast engine served the turns as they came
-    # and never ran out of KV (seen on an AVX-512 VM stepping in 1.2 ms).
-    failures = run_jobs(engine, "pressure", jobs=10, turns=3, lockstep=True)
+    # and never ran out of KV (seen on an AVX-512 VM stepping in 1.2 ms). A first turn
+    # is 657 prompt tokens (6 blocks), so 4 or 5 of the 10 are admitted together,
+    # however the requests' arrivals spread. 400 answer tokens grow each to 9 blocks:
+    # 4 x 9 = 36 > 32, so they run out. With 160 (7 blocks) only 5 ran out, and when
+    # the fifth arrived after the first four had grown it was not admitted: 0-3
+    # preemptions a run, none in 1 of 7 (6-9 now, 2 CPU hogs beside it included). Two
+    # turns keep the second within the 2,048-token context (about 1,700 tokens).
+    failures = run_jobs(engine, "pressure", jobs=10, turns=2, lockstep=True, max_tokens=400)
     after = scrape(engine.base_url)
     assert failures == []
     assert after[PREEMPTIONS] > before[PREEMPTIONS], "the load should exceed the KV cache"
@@ -171,13 +190,8 @@ def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engine) -> None: 
     assert failures == []
     # Back on policy within a second or so of the daemon's return, once the engine steps.
     assert wait_for_daemon_engine(engine) < 5.0
-    # Pins made before the kill end on their local bound (10 s at most); any step
-    # applies it.
-    deadline = time.monotonic() + 15
-    while kv_usage(engine) != 0.0:
-        assert time.monotonic() < deadline, "pinned blocks leaked"
-        client(engine).completions.create(model="tiny", prompt="tick", max_tokens=1)
-        time.sleep(0.5)
+    # Pins made before the kill end on their local bound (10 s at most).
+    drain(engine)
 
 
 def test_bad_vllm_xargs_never_fail_a_request(engine) -> None:  # type: ignore[no-untyped-def]
