@@ -274,6 +274,10 @@ class StepView:
     # step are added (the next step's report brings them), so the mirror sets the
     # previous report's time: a job seen in a tool until then may be back since.
     arrivals_seen_until_s: float | None = None
+    # Prompt tokens this engine computed a second over the last ~10 s of its clock
+    # (sidecar.runtime.steptime.PrefillRate); None before its second report. Times
+    # the prefill cost: the share of its time the engine spends on prompts.
+    prefill_tokens_per_s: float | None = None
 
     @property
     def seen_until_s(self) -> float:

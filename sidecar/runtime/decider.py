@@ -209,6 +209,7 @@ class Decider:
             tool_times=tool_times,
             global_tool_times=estimator.global_distribution(),
             engine_cost=mirror.engine_cost,
+            prefill_tokens_per_s=mirror.prefill_rate.per_s(),
             arrivals_seen_until_s=mirror.arrivals_seen_until_s,
         )
 

@@ -155,6 +155,7 @@ class EngineRegistry:
                                    policy=self.decider.policy.name)
         delta = mirror.apply(report)
         mirror.engine_cost = self._learn_step_cost(report)
+        mirror.prefill_rate.add(report.now_s, report.work.prefill_tokens)
         decision = self.decider.decide(mirror, delta, report.seq)
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)

@@ -19,6 +19,7 @@ from sidecar.api.v1 import retention_pb2
 from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
 from sidecar.runtime.pin_outcomes import PinOutcomes
+from sidecar.runtime.steptime import PrefillRate
 
 _STATE = {
     pb.REQUEST_STATE_UNSPECIFIED: RequestState.WAITING,
@@ -104,6 +105,8 @@ class EngineMirror:
         self.counters = pb.EngineCounters()
         # The engine's step cost as learned so far (EngineRegistry sets it per report).
         self.engine_cost: EngineCost | None = None
+        # Prompt tokens its steps computed a second, lately (EngineRegistry feeds it).
+        self.prefill_rate = PrefillRate()
 
     def apply(self, report: pb.StepReport) -> ReportDelta:
         """Fold one report into the mirror. The caller checked its seq."""

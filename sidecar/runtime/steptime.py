@@ -163,6 +163,53 @@ class StepCostEstimator:
         return self._yy - 2.0 * sum(t * r for t, r in zip(theta, self._xy, strict=True)) + quadratic
 
 
+class PrefillRate:
+    """Prompt tokens an engine computed a second, averaged over the last ``window_s``
+    seconds of its clock (exponentially: a report's tokens weigh ``exp(-age /
+    window_s)``).
+
+    Times the engine's prefill cost, it is the share of the engine's time spent
+    computing prompts: the adaptive policy reads it to tell an engine saturated by
+    prefill from one with time to spare (its README, "A job's age credited"). The
+    average is over the time since the first report while that is shorter than the
+    window, so it is not biased low at the start.
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        if not window_s > 0.0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.window_s = window_s
+        self._tokens = 0.0
+        # The decayed seconds the tokens were counted over (window_s once long enough).
+        self._counted_s = 0.0
+        self._last_s: float | None = None
+
+    def add(self, now_s: float, prefill_tokens: int) -> None:
+        """Count the prompt tokens of the steps reported at ``now_s`` (since the
+        previous report). A first report, or a clock that went back (the engine
+        restarted), starts the count afresh."""
+        if self._last_s is None or now_s < self._last_s:
+            self._tokens = 0.0
+            self._counted_s = 0.0
+            self._last_s = now_s
+            return
+        elapsed_s = now_s - self._last_s
+        kept = math.exp(-elapsed_s / self.window_s)
+        # The tokens were computed over the elapsed seconds, not at their end: weighed
+        # by the mean decay over them, a steady rate reads exactly, however sparse
+        # the reports.
+        spread = (1.0 - kept) * self.window_s / elapsed_s if elapsed_s > 0.0 else 1.0
+        self._tokens = kept * self._tokens + spread * max(prefill_tokens, 0)
+        self._counted_s = kept * self._counted_s + (1.0 - kept) * self.window_s
+        self._last_s = now_s
+
+    def per_s(self) -> float | None:
+        """The average, or None before two reports some time apart."""
+        if self._counted_s <= 0.0:
+            return None
+        return self._tokens / self._counted_s
+
+
 class EngineStepCosts:
     """One estimator per engine id, for at most ``max_engines`` engines: engine ids
     come and go with pods, and the one that reported least recently is forgotten

@@ -55,6 +55,7 @@ class StepBuilder:
     _demand_blocks: int | None = None
     _engine_cost: EngineCost | None = None
     _seen_until_s: float | None = None
+    _prefill_tokens_per_s: float | None = None
 
     def _request(
         self,
@@ -138,6 +139,11 @@ class StepBuilder:
                                        prefill_relative_error=0.01)
         return self
 
+    def prefill_rate(self, tokens_per_s: float) -> StepBuilder:
+        """Prompt tokens the engine computed a second lately."""
+        self._prefill_tokens_per_s = tokens_per_s
+        return self
+
     def seen_until(self, at_s: float) -> StepBuilder:
         """Arrivals after ``at_s`` are not in this step yet (the previous report's time)."""
         self._seen_until_s = at_s
@@ -172,6 +178,7 @@ class StepBuilder:
             global_tool_times=distribution("*", pooled) if pooled else None,
             engine_cost=self._engine_cost,
             arrivals_seen_until_s=self._seen_until_s,
+            prefill_tokens_per_s=self._prefill_tokens_per_s,
         )
 
     def finish(

@@ -3,6 +3,8 @@ and says which arrivals its view has seen."""
 
 from __future__ import annotations
 
+import pytest
+
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.estimators.tool_time import ToolTimeEstimator
 from sidecar.framework.types import Ordering, PressureOrder, StepView
@@ -103,6 +105,25 @@ def test_a_policy_is_shown_up_to_when_the_arrivals_are_seen() -> None:
     first, second = policy.views
     assert (first.now_s, first.seen_until_s) == (2.0, 2.0)
     assert (second.now_s, second.seen_until_s) == (2.25, 2.0)
+
+
+def test_a_policy_is_shown_the_prompt_tokens_the_engine_computes_a_second() -> None:
+    store = EmbeddedStore()
+    policy = _Recording()
+    recorder = Recorder(store, JobTracker(), ToolTimeEstimator(store), 100, 60.0)
+    engines = EngineRegistry(Decider(policy, recorder, DecisionLog()))
+    # A step every 10 ms computing 24 prompt tokens: 2,400 a second.
+    for seq in range(1, 201):
+        engines.handle(pb.StepReport(
+            engine_id="e", seq=seq, snapshot=seq == 1, now_s=1.0 + 0.01 * seq,
+            new_requests=[_waiting(f"r{seq}", 1.0 + 0.01 * seq)],
+            work=pb.StepWork(steps=1, busy_s=0.009, prefill_tokens=24, decode_seqs=3)))
+    assert policy.views[0].prefill_tokens_per_s is None, "one report: no rate yet"
+    assert policy.views[-1].prefill_tokens_per_s == pytest.approx(2_400, rel=0.01)
+    # The engine restarted under the same id: its rate starts afresh.
+    engines.handle(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=0.5,
+                                 new_requests=[_waiting("s", 0.4)]))
+    assert policy.views[-1].prefill_tokens_per_s is None
 
 
 class _ListsPins(FcfsPolicy):

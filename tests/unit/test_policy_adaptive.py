@@ -385,6 +385,38 @@ def test_under_pressure_an_older_job_holding_nothing_goes_after_the_pins_before_
     assert "keeping up" not in ordering.reason
 
 
+@pytest.mark.parametrize(("prefill_per_s", "order"), [
+    (1_000, ["new", "old2"]),  # 10% of its time on prompts: arrival order for it
+    (5_000, ["old2", "new"]),  # 50%: saturated, credited its job's age as any other
+])
+def test_an_older_jobs_turn_that_does_not_fit_is_credited_only_on_an_engine_saturated_by_prefill(
+        adaptive: Policy, prefill_per_s: float, order: list[str]) -> None:
+    # vLLM's queue stops at the first request that does not fit. With time to spare,
+    # the old job's 8-block turn at its head would hold the new job's 1-block first
+    # turn behind it for nothing; a saturated engine would only share its time.
+    s = (step(now=10.0, free_blocks=4)
+         .waiting("new", job="n", arrive=9.5, prompt=16)
+         .waiting("old2", job="o", arrive=9.9, prompt=128)
+         .job("n", first_arrival=9.5).job("o", first_arrival=1.0, turns=1)
+         .engine_cost(1e-4).prefill_rate(prefill_per_s))
+    ordering = adaptive.order_waiting(s.build())
+    assert list(ordering.request_ids) == order
+    share = f"the engine prefills {prefill_per_s * 1e-4:.0%} of its time"
+    assert share in ordering.reason
+
+
+def test_an_older_jobs_turn_that_fits_is_credited_on_an_engine_with_time_to_spare(
+        adaptive: Policy) -> None:
+    s = (step(now=10.0, free_blocks=8)
+         .waiting("new", job="n", arrive=9.5, prompt=16)
+         .waiting("old2", job="o", arrive=9.9, prompt=128)
+         .job("n", first_arrival=9.5).job("o", first_arrival=1.0, turns=1)
+         .demand(12).engine_cost(1e-4).prefill_rate(1_000))
+    ordering = adaptive.order_waiting(s.build())
+    assert list(ordering.request_ids) == ["old2", "new"]
+    assert "those that fit in the free blocks" in ordering.reason
+
+
 def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
     """A new job that has waited 2.5 s behind ``young`` turns of an old job that just
     arrived, one request running."""

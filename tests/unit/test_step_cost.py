@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.runtime.engines import InvalidReport, validate_report
-from sidecar.runtime.steptime import EngineStepCosts, StepCostEstimator, StepWork
+from sidecar.runtime.steptime import EngineStepCosts, PrefillRate, StepCostEstimator, StepWork
 
 # The twin's step-time model of Llama-3.1-8B on an RTX 5090 (benchmarks/twin/steptime.py).
 STEP_S, PREFILL_S, DECODE_S = 0.011, 1.11e-4, 1.4e-4
@@ -116,3 +117,36 @@ def test_each_engine_has_its_own_cost_and_the_longest_silent_is_forgotten() -> N
     costs.add("gpu-a", None)  # a report with no step: gpu-a is still around
     assert costs.add("gpu-c", None).estimate() is None  # gpu-b, silent longest, goes
     assert set(costs.estimates()) == {"gpu-a"}
+
+
+def test_the_prefill_rate_is_the_prompt_tokens_of_the_last_seconds() -> None:
+    rate = PrefillRate(window_s=10.0)
+    rate.add(100.0, 5_000)  # the first report: where counting starts
+    assert rate.per_s() is None
+    # 2,000 prompt tokens a second, reported every 0.1 s: known from the first second,
+    # not averaged with the time before the engine's first report.
+    for i in range(1, 11):
+        rate.add(100.0 + 0.1 * i, 200)
+    assert rate.per_s() == pytest.approx(2_000, rel=0.01)
+    for i in range(11, 601):
+        rate.add(100.0 + 0.1 * i, 200)
+    assert rate.per_s() == pytest.approx(2_000, rel=0.01)
+    # Then only decoding for one window: the average falls to 1/e of it.
+    for i in range(601, 701):
+        rate.add(100.0 + 0.1 * i, 0)
+    assert rate.per_s() == pytest.approx(2_000 / math.e, rel=0.01)
+
+
+def test_the_prefill_rate_starts_afresh_when_the_engine_clock_goes_back() -> None:
+    rate = PrefillRate(window_s=10.0)
+    for i in range(100):
+        rate.add(50.0 + 0.1 * i, 500)
+    rate.add(1.0, 0)  # a restarted engine
+    assert rate.per_s() is None
+    rate.add(2.0, 300)
+    assert rate.per_s() == pytest.approx(300, rel=0.01)
+
+
+def test_a_prefill_rate_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="window_s must be > 0"):
+        PrefillRate(window_s=0.0)

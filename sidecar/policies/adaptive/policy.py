@@ -116,6 +116,13 @@ class AdaptiveParams(PolicyParams):
     # "auto": hold while at least half of the recent finishes were pinned, else cache
     # (waiting.py).
     provisional_cache: bool | Literal["auto"] = "auto"
+    # The engine is saturated by prefill while computing prompts takes at least this
+    # share of its time (the last ~10 s, StepView.prefill_tokens_per_s x the prefill
+    # cost). Then a job's age is credited to every waiting request; below it only to
+    # those that fit in the free blocks, a request that does not fit keeping its
+    # place in arrival order (README, "A job's age credited"). 0: every request
+    # credited (as before it); above 1: only those that fit.
+    saturated_prefill_share: float = Field(default=0.4, ge=0.0)
 
     @field_validator("horizons_s")
     @classmethod
@@ -259,12 +266,25 @@ class AdaptivePolicy(NativePolicy):
             return Ordering(tuple(r.request_id for r in ordered),
                             "adaptive: engine keeping up (memory idle, no wait past "
                             f"{self.params.min_fair_share_s:g} s): arrival order")
+        share = self.prefill_share(step)
+        credited = ("every one" if self._saturated(share)
+                    else "those that fit in the free blocks")
         reason = ("adaptive: jobs holding a pin first, oldest job first; then the others, "
-                  f"by job age up to {self.params.horizons_s[-1]:g} s")
+                  f"by job age up to {self.params.horizons_s[-1]:g} s ({credited}: the "
+                  f"engine prefills {share:.0%} of its time)")
         if overdue:
             reason = (f"adaptive: {overdue} request(s) past {self.overdue_multiple(step):.3g}x "
                       f"fair share first, oldest first; then {reason[10:]}")
         return Ordering(tuple(r.request_id for r in ordered), reason)
+
+    def prefill_share(self, step: StepView) -> float:
+        """The share of its time the engine spent computing prompts lately (0 before
+        it is known): the rate its reports carry times what a token costs."""
+        per_s = step.prefill_tokens_per_s
+        return 0.0 if per_s is None else per_s * self.prefill_s_per_token(step)
+
+    def _saturated(self, share: float) -> bool:
+        return share >= self.params.saturated_prefill_share
 
     def fair_share_s(self, step: StepView, fcfs_factor: float = 1.0) -> float:
         """A request's fair share of waiting: the wait arrival order would give it
@@ -383,10 +403,16 @@ class AdaptivePolicy(NativePolicy):
         engine with a model 9x slower to prefill (``twin cpu --like``, 6 seeds),
         0.845 of FCFS's job, as continuum, against 0.962 in arrival order; 11 turns,
         3,000 blocks, 12 jobs/s, maximum TTFT 1.05x FCFS's, 1.31x with the whole age
-        counted. From ``db27b3e`` to ``7439f72`` these went in arrival order (item
-        15): one CPU-engine run had shown a late turn's long prompt at the head of
-        vLLM's queue holding new jobs' one-block first turns behind it (0.076 s in
-        the queue against 0.058 s), the job not shown shorter."""
+        counted.
+
+        Unless the engine is saturated by prefill (``saturated_prefill_share``), a
+        request that does not fit in the free blocks is not credited: it keeps its
+        place in arrival order. vLLM's queue stops at the first request that does not
+        fit, and an engine with time to spare would leave the requests that fit
+        behind it waiting for nothing; a saturated one would only share its time
+        with them. ADAPTIVE.md, item 26: twin run like the tenth VM, whose engine
+        prefilled under a third of its time, 1.026 -> 0.979 of FCFS's job; like the
+        9x model's engine (over half) 0.843, unchanged."""
         multiple = self.overdue_multiple(step)
         shares_s = self.fair_shares_s(step)
         overdue = {r.request_id for r in step.waiting
@@ -398,15 +424,21 @@ class AdaptivePolicy(NativePolicy):
         job_level = job_level_waiting_key(step)
 
         credit_s = self.params.horizons_s[-1]
+        credit_all = self._saturated(self.prefill_share(step))
+        free_blocks = step.kv.free_blocks
+        block_tokens = step.kv.block_size_tokens
 
         def key(request: RequestView) -> tuple[float, ...]:
             # Overdue requests first, oldest first; then the jobs holding a pin, oldest
-            # job first; then the others by their job's age, credited at most credit_s.
+            # job first; then the others by their job's age, credited at most credit_s
+            # (unless saturated, only those that fit).
             if request.request_id in overdue:
                 return (0, request.arrival_s)
             job_pinless, first_s, arrival_s, _ = job_level(request)
             if job_pinless:
-                return (2, max(first_s, arrival_s - credit_s), arrival_s)
+                if credit_all or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
+                    return (2, max(first_s, arrival_s - credit_s), arrival_s)
+                return (2, arrival_s, arrival_s)
             return (1, first_s, arrival_s)
 
         # Ties (equal keys) are broken by request id: the order is total.
