@@ -170,9 +170,9 @@ class PrefillRate:
 
     Times the engine's prefill cost, it is the share of the engine's time spent
     computing prompts: the adaptive policy reads it to tell an engine saturated by
-    prefill from one with time to spare (its README, "A job's age credited"). The
-    average is over the time since the first report while that is shorter than the
-    window, so it is not biased low at the start.
+    prefill from one with time to spare (its README, "Unless the engine has time to
+    spare"). The average is over the time since the first report while that is
+    shorter than the window, so it is not biased low at the start.
     """
 
     def __init__(self, window_s: float = 10.0) -> None:

@@ -120,8 +120,8 @@ class AdaptiveParams(PolicyParams):
     # share of its time (the last ~10 s, StepView.prefill_tokens_per_s x the prefill
     # cost). Then a job's age is credited to every waiting request; below it only to
     # those that fit in the free blocks, a request that does not fit keeping its
-    # place in arrival order (README, "A job's age credited"). 0: every request
-    # credited (as before it); above 1: only those that fit.
+    # place in arrival order (README, "Unless the engine has time to spare"). 0: every
+    # request credited (item 24's rule); above 1: only those that fit.
     saturated_prefill_share: float = Field(default=0.4, ge=0.0)
 
     @field_validator("horizons_s")
