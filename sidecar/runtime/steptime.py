@@ -199,7 +199,7 @@ class PrefillRate:
         # by the mean decay over them, a steady rate reads exactly, however sparse
         # the reports.
         spread = (1.0 - kept) * self.window_s / elapsed_s if elapsed_s > 0.0 else 1.0
-        self._tokens = kept * self._tokens + spread * max(prefill_tokens, 0)
+        self._tokens = kept * self._tokens + spread * prefill_tokens
         self._counted_s = kept * self._counted_s + (1.0 - kept) * self.window_s
         self._last_s = now_s
 
