@@ -61,6 +61,14 @@ def run_inspect(args: argparse.Namespace) -> int:
         channel.close()
 
 
+def _prefill_load(cost: pb.EngineStepCost) -> tuple[str, str]:
+    """Prompt tokens a second and the share of the engine's time they took, lately;
+    '-' for an engine with no session."""
+    if not cost.HasField("prefill_tokens_per_s"):
+        return "-", "-"
+    return f"{cost.prefill_tokens_per_s:.4g}", f"{cost.prefill_time_share:.0%}"
+
+
 def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
               timeout_s: float) -> int:
     if args.what in ("job", "explain") and not args.id:
@@ -72,9 +80,11 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
         costs = ""
         if policy.engine_costs:  # what the daemon learned a step costs, per engine
             costs = "\n\n" + _table(
-                ("engine", "prefill s/token", "step s", "decode s/request", "steps"),
+                ("engine", "prefill s/token", "step s", "decode s/request", "steps",
+                 "prompt tokens/s", "prefill share"),
                 [(c.engine_id, f"{c.prefill_s_per_token:.3g}", f"{c.step_s:.3g}",
-                  f"{c.decode_s_per_seq:.3g}", c.steps) for c in policy.engine_costs])
+                  f"{c.decode_s_per_seq:.3g}", c.steps, *_prefill_load(c))
+                 for c in policy.engine_costs])
         _print(policy, args.json,
                f"policy {policy.name}  store {policy.store_backend}  version {policy.version}\n"
                f"engines: {', '.join(policy.engines) or '-'}\n"

@@ -85,7 +85,7 @@ def _count_contents(report: pb.StepReport) -> None:
 # An engine's series that describe its session (the mirror's counters, the last
 # decision): removed when the session ends.
 _SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
-                   metrics.ENGINE_FINISHED_TURNS_CACHED)
+                   metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO)
 # What the daemon learned of an engine's hardware: kept across its sessions, removed
 # when the engine is forgotten.
 _LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -156,6 +156,9 @@ class EngineRegistry:
         delta = mirror.apply(report)
         mirror.engine_cost = self._learn_step_cost(report)
         mirror.prefill_rate.add(report.now_s, report.work.prefill_tokens)
+        share = mirror.prefill_time_share()
+        if share is not None:
+            metrics.ENGINE_PREFILL_TIME_RATIO.labels(report.engine_id).set(share)
         decision = self.decider.decide(mirror, delta, report.seq)
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)

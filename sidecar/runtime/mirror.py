@@ -108,6 +108,15 @@ class EngineMirror:
         # Prompt tokens its steps computed a second, lately (EngineRegistry feeds it).
         self.prefill_rate = PrefillRate()
 
+    def prefill_time_share(self) -> float | None:
+        """The share of its time the engine spent computing prompts lately: the
+        prompt tokens a second its reports carried times what a token costs on it as
+        learned. None until both are known."""
+        per_s = self.prefill_rate.per_s()
+        if per_s is None or self.engine_cost is None:
+            return None
+        return per_s * self.engine_cost.prefill_s_per_token
+
     def apply(self, report: pb.StepReport) -> ReportDelta:
         """Fold one report into the mirror. The caller checked its seq."""
         if report.snapshot:

@@ -14,7 +14,7 @@ from sidecar.api.v1 import inspect_pb2 as pb
 from sidecar.api.v1 import inspect_pb2_grpc
 from sidecar.config import DaemonConfig
 from sidecar.estimators.tool_time import ToolTimeEstimator
-from sidecar.framework import PinView, Policy
+from sidecar.framework import EngineCost, PinView, Policy
 from sidecar.jobs import JobTracker
 from sidecar.jobs.history import read_job_history
 from sidecar.policies.registry import policy_parameters
@@ -112,14 +112,22 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
             store_backend=self._store.backend_name,
             engines=sorted(self._engines.mirrors),
             version=__version__,
-            engine_costs=[
-                pb.EngineStepCost(engine_id=engine_id,
-                                  prefill_s_per_token=cost.prefill_s_per_token,
-                                  decode_s_per_seq=cost.decode_s_per_seq, step_s=cost.step_s,
-                                  steps=cost.steps,
-                                  prefill_relative_error=cost.prefill_relative_error)
-                for engine_id, cost in sorted(self._engines.step_cost_estimates().items())],
+            engine_costs=[self._engine_cost(engine_id, cost) for engine_id, cost
+                          in sorted(self._engines.step_cost_estimates().items())],
         )
+
+    def _engine_cost(self, engine_id: str, cost: EngineCost) -> pb.EngineStepCost:
+        record = pb.EngineStepCost(
+            engine_id=engine_id, prefill_s_per_token=cost.prefill_s_per_token,
+            decode_s_per_seq=cost.decode_s_per_seq, step_s=cost.step_s, steps=cost.steps,
+            prefill_relative_error=cost.prefill_relative_error)
+        mirror = self._engines.mirrors.get(engine_id)  # absent: no session now
+        per_s = None if mirror is None else mirror.prefill_rate.per_s()
+        if per_s is not None:
+            record.prefill_tokens_per_s = per_s
+            # At the cost listed beside it.
+            record.prefill_time_share = per_s * cost.prefill_s_per_token
+        return record
 
     async def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext

@@ -138,6 +138,15 @@ ENGINE_STEP_S = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+# Prompt tokens a second over the last ~10 s times the learned cost of one: the
+# adaptive policy reads the same figure against its saturated_prefill_share.
+ENGINE_PREFILL_TIME_RATIO = Gauge(
+    "kvtether_engine_prefill_time_ratio",
+    "Share of the engine's time spent computing prompts over the last ~10 s of its "
+    "clock (prompt tokens a second times the learned seconds per token; 0-1).",
+    ["engine"],
+    registry=REGISTRY,
+)
 STORE_LATENCY = Histogram(
     "kvtether_store_write_seconds", "Time of one background store write.", registry=REGISTRY
 )

@@ -243,3 +243,7 @@ def test_the_daemon_learns_what_a_prompt_token_costs_on_this_engine(engine) -> N
     assert outside_s / 2.5 < cost.prefill_s_per_token < outside_s * 2.5, (
         f"learned {cost.prefill_s_per_token:.3g} s a token, timed {outside_s:.3g}")
     assert cost.prefill_relative_error <= 0.2
+    # The 40 requests kept the engine busy, mostly computing prompts, moments ago.
+    assert cost.HasField("prefill_time_share"), "no prefill load shown for a live engine"
+    assert cost.prefill_tokens_per_s > 0
+    assert 0.05 < cost.prefill_time_share < 1.5, cost.prefill_time_share

@@ -12,6 +12,7 @@ grpcurl 1.8.6 prints proto field names (``store_backend``) and leaves out zero v
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -306,22 +307,36 @@ def test_inspect_json_is_what_grpcurl_prints(daemon: DaemonProcess, args: tuple[
 
 def test_get_policy_shows_the_step_cost_learned_from_the_engine() -> None:
     """An engine reports the work of its steps; an operator reads back what the daemon
-    learned a prompt token costs on it (here 2e-5 s, a step 3 ms, a decode 0.1 ms)."""
+    learned a prompt token costs on it (here 2e-5 s, a step 3 ms, a decode 0.1 ms),
+    and how busy computing prompts it has been lately (what adaptive weighs against
+    saturated_prefill_share)."""
+    prefill_by_second = {}
     with running_daemon("--policy", "adaptive") as process:
         with process.channel() as channel:
             stub = engine_session_pb2_grpc.EngineSessionStub(channel)
             step(stub, "cpu-engine", 1)
-            for seq in range(2, 62):
+            for seq in range(2, 62):  # one report a second (now_s = seq)
                 prefill, decode = (seq * 397) % 2000, seq % 7
+                prefill_by_second[seq] = prefill
                 busy_s = 0.003 + 2e-5 * prefill + 1e-4 * decode
                 step(stub, "cpu-engine", seq, work=pb.StepWork(
                     steps=1, busy_s=busy_s, prefill_tokens=prefill, decode_seqs=decode))
         policy = grpcurl(process, "GetPolicy")
         table = rows(kvtether_inspect(process, "policy"))
-    assert table[-1][:4] == ["cpu-engine", "2e-05", "0.003", "0.0001"]
     [cost] = policy["engine_costs"]
     assert cost["engine_id"] == "cpu-engine"
     assert cost["prefill_s_per_token"] == pytest.approx(2e-5, rel=1e-3)
     assert cost["step_s"] == pytest.approx(0.003, rel=1e-3)
     assert cost["decode_s_per_seq"] == pytest.approx(1e-4, rel=1e-2)
     assert 55 <= int(cost["steps"]) <= 60, "60 steps, the older weighing a little less"
+    # The last ~10 s weigh most: each second's tokens by the mean of exp(-age / 10 s)
+    # over it, which is proportional to exp(-age at its end / 10 s).
+    weights = {second: math.exp(-(61 - second) / 10) for second in prefill_by_second}
+    tokens_per_s = (sum(prefill_by_second[s] * w for s, w in weights.items())
+                    / sum(weights.values()))
+    assert cost["prefill_tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-6)
+    assert cost["prefill_time_share"] == pytest.approx(
+        tokens_per_s * cost["prefill_s_per_token"], rel=1e-9)
+    share = f"{cost['prefill_time_share']:.0%}"
+    assert table[-1] == ["cpu-engine", "2e-05", "0.003", "0.0001", cost["steps"],
+                         f"{tokens_per_s:.4g}", share]

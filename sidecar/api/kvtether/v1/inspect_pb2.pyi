@@ -34,20 +34,24 @@ class GetPolicyResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., store_backend: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., version: _Optional[str] = ..., engine_costs: _Optional[_Iterable[_Union[EngineStepCost, _Mapping]]] = ...) -> None: ...
 
 class EngineStepCost(_message.Message):
-    __slots__ = ("engine_id", "prefill_s_per_token", "decode_s_per_seq", "step_s", "steps", "prefill_relative_error")
+    __slots__ = ("engine_id", "prefill_s_per_token", "decode_s_per_seq", "step_s", "steps", "prefill_relative_error", "prefill_tokens_per_s", "prefill_time_share")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_PER_SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_RELATIVE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_SHARE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     prefill_s_per_token: float
     decode_s_per_seq: float
     step_s: float
     steps: int
     prefill_relative_error: float
-    def __init__(self, engine_id: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., decode_s_per_seq: _Optional[float] = ..., step_s: _Optional[float] = ..., steps: _Optional[int] = ..., prefill_relative_error: _Optional[float] = ...) -> None: ...
+    prefill_tokens_per_s: float
+    prefill_time_share: float
+    def __init__(self, engine_id: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., decode_s_per_seq: _Optional[float] = ..., step_s: _Optional[float] = ..., steps: _Optional[int] = ..., prefill_relative_error: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., prefill_time_share: _Optional[float] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("limit",)
