@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.engine.paired import median_answer_lag_steps
+from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "engine"
@@ -109,7 +110,8 @@ def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[st
                 turn_records.append({"turn": index + 1, "prompt_tokens": len(context),
                                      "latency_s": latency_s,
                                      "cached_tokens": int(getattr(details, "cached_tokens", 0)
-                                                          or 0)})
+                                                          or 0),
+                                     **engine_timings_s(answer)})
             progress.update(1)
             if not turn.is_last_step:
                 time.sleep(turn.tool_time_s)
@@ -143,8 +145,13 @@ def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[st
         "job_durations_s": durations,
         "per_turn": {str(k): {"avg_prompt_tokens": statistics.mean(r["prompt_tokens"] for r in v),
                               "avg_latency_s": statistics.mean(r["latency_s"] for r in v),
-                              "avg_cached_tokens": statistics.mean(r["cached_tokens"] for r in v)}
+                              "avg_cached_tokens": statistics.mean(r["cached_tokens"] for r in v),
+                              "avg_ttft_s": mean_or_none([r.get("ttft_s") for r in v])}
                      for k, v in sorted(per_turn.items())},
+        # Each request's wait for its first token inside the engine (vLLM's own clock:
+        # queued in the engine core to the first token), over the round's requests.
+        "ttft_s": distribution([r.get("ttft_s") for r in turn_records]),
+        "queue_s": distribution([r.get("queue_s") for r in turn_records]),
         "prefix_cache_hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0,
         "preemptions": delta("vllm:num_preemptions_total"),
         "kv_usage_mean": statistics.mean(sampler.samples) if sampler.samples else None,
@@ -348,13 +355,16 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps",
-                 "run_queue_wait_s", "pins_ended", "pin_block_s"):
-        merged[name] = _mean_by_key([r.get(name, {}) for r in runs])  # later figures
+                 "run_queue_wait_s", "pins_ended", "pin_block_s", "ttft_s", "queue_s"):
+        merged[name] = _mean_by_key([r.get(name) or {} for r in runs])  # later figures
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
         [{turn: figures["avg_latency_s"] for turn, figures in r["per_turn"].items()}
          for r in runs])
     averages = [r["avg_job_duration_s"] for r in runs]
+    # The longest any request of any round waited for its first token.
+    maxima = [r["ttft_s"]["max"] for r in runs if r.get("ttft_s")]
+    merged["ttft_s_max_of_rounds"] = max(maxima) if len(maxima) == len(runs) else None
     merged["avg_job_duration_s_range"] = [min(averages), max(averages)]
     merged["jobs"] = runs[0]["jobs"]
     merged["rounds"] = runs
@@ -545,7 +555,9 @@ def main() -> int:
                       # Tool waits idle a job's connection past uvicorn's 5 s keep-alive;
                       # a request sent as the server closes it fails with a connection
                       # error (seen once in 8 policy runs).
-                      env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "600"})
+                      env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "600"},
+                      # Each answer carries its queue time and time to first token.
+                      extra_args=["--enable-per-request-metrics"])
     process = start_engine(spec, log)
     base_url = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {}
@@ -670,6 +682,16 @@ def main() -> int:
                   f"{sum(held.values()):>14.1f}"
                   f"{held['returned'] / (sum(held.values()) or 1.0):>10.0%}"
                   + (f"{provisional:>21.1f}" if provisional is not None else f"{'-':>21}"))
+    if all(run.get("ttft_s_max_of_rounds") is not None for run in results.values()):
+        print(f"\n{'first token s':<16}{'avg':>7}{'p50':>7}{'p95':>7}{'p99':>7}{'max':>7}"
+              f"{'max of rounds':>15}{'queue avg':>11}{'queue max':>11}  (each round's, "
+              "averaged; vLLM's clock, queued to first token)")
+        for policy, run in results.items():
+            ttft, queue = run["ttft_s"], run["queue_s"]
+            print(f"{policy:<16}" + "".join(f"{ttft[k]:>7.3f}" for k in
+                                            ("avg", "p50", "p95", "p99", "max"))
+                  + f"{run['ttft_s_max_of_rounds']:>15.3f}{queue['avg']:>11.3f}"
+                  f"{queue['max']:>11.3f}")
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():

@@ -133,6 +133,21 @@ def request_split(rounds: Sequence[Round], policy: str, baseline: str
     return split
 
 
+def ttft_ratios(rounds: Sequence[Round], policy: str, baseline: str
+                ) -> dict[str, Estimate]:
+    """The policy's 99th-percentile and longest wait for a first token over the
+    baseline's, paired by round (rounds recorded before the engine timed requests are
+    left out): the tail a job-level order may lengthen."""
+    ratios = {}
+    for stat in ("p99", "max"):
+        values = [a[stat] / b[stat] for r in rounds if policy in r and baseline in r
+                  if (a := r[policy].get("ttft_s")) and (b := r[baseline].get("ttft_s"))
+                  and b[stat] > 0]
+        if values:
+            ratios[stat] = estimate(values)
+    return ratios
+
+
 def turns_per_job(rounds: Sequence[Round], policy: str) -> float:
     """Requests a job makes: what turns a per-request difference into a job's."""
     for r in rounds:
@@ -157,6 +172,9 @@ def report(rounds: Sequence[Round], baseline: str) -> str:
             lines.append(f"  {name:<34}{difference.mean * 1e3:>8.2f}"
                          f"{difference.stderr * 1e3:>9.2f}{difference.upper95 * 1e3:>11.2f}"
                          f"{difference.mean * turns * 1e3:>12.1f}")
+        for stat, ratio in ttft_ratios(rounds, policy, baseline).items():
+            lines.append(f"  {f'{stat} first-token wait / {baseline}':<34}{ratio.mean:>8.3f}"
+                         f"{ratio.stderr:>9.3f}{ratio.upper95:>11.3f}  ({ratio.rounds} rounds)")
     return "\n".join(lines)
 
 

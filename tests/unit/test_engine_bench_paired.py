@@ -15,6 +15,7 @@ from benchmarks.engine.paired import (
     main,
     request_split,
     t_quantile95,
+    ttft_ratios,
 )
 
 
@@ -102,3 +103,18 @@ def test_the_report_prints_the_ratio_and_the_split(tmp_path: Path,
     assert "2 paired rounds; baseline fcfs" in out
     assert "adaptive / fcfs, average job: 1.050 +- 0.050" in out
     assert "outside vllm" in out and "x8 turns" in out
+
+
+def test_the_first_token_tail_is_paired_by_round_where_it_was_timed(tmp_path: Path) -> None:
+    def timed(p99_s: float, max_s: float) -> dict[str, object]:
+        return {**_round(4.0, 0.15, 0.08, 0.014),
+                "ttft_s": {"avg": 0.1, "p50": 0.05, "p95": 0.2, "p99": p99_s, "max": max_s}}
+
+    untimed = _round(4.0, 0.15, 0.08, 0.014)  # a round from before the engine timed them
+    run = _write_run(tmp_path / "run.json", {
+        "fcfs": [untimed, timed(0.5, 1.0), timed(0.4, 2.0)],
+        "adaptive": [untimed, timed(1.0, 1.5), timed(0.4, 3.0)]})
+    ratios = ttft_ratios(load_rounds([run]), "adaptive", "fcfs")
+    assert ratios["max"].rounds == 2 and math.isclose(ratios["max"].mean, 1.5)
+    assert math.isclose(ratios["p99"].mean, 1.5)  # 2.0 and 1.0
+    assert ttft_ratios(load_rounds([run]), "continuum", "fcfs") == {}
