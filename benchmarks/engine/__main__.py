@@ -22,8 +22,11 @@ spread is the noise a difference must beat.
 
 Each turn is a /v1/completions request whose prompt is token ids: the job's context so
 far (previous prompts, the model's real answers) plus the turn's new tokens, with
-``vllm_xargs`` job_id / is_last_step / tool. Writes benchmarks/results/engine/engine.json
-and engine.png.
+``vllm_xargs`` job_id / is_last_step / tool. The engine runs with
+``--enable-per-request-metrics``: every answer carries its wait in vLLM's queue and
+for its first token (``benchmarks/engine/ttft.py``), so each round records the tail
+of the first-token wait (p99, maximum) a job-level order may lengthen. Writes
+benchmarks/results/engine/engine.json and engine.png.
 """
 
 from __future__ import annotations

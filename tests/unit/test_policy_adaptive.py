@@ -445,6 +445,21 @@ def test_a_memory_shortage_widens_the_bound(adaptive: Policy) -> None:
     assert list(ordering.request_ids) == ["old0", "old1", "old2", "old3", "starved"]
 
 
+def test_a_bound_that_does_not_widen_holds_under_a_shortage() -> None:
+    # The same shortage with overdue_widening=0: the bound stays 1.75 s, and the new
+    # job's request (2.5 s waited) goes first, pins or not.
+    s = _queue(now=20.0).pin("old-turn", job="o", blocks=1)
+    s.free_blocks = 0
+    tail_first = build_policy("adaptive", {"overdue_widening": "0"})
+    assert tail_first.overdue_multiple(s.build()) == 1.75  # type: ignore[attr-defined]
+    ordering = tail_first.order_waiting(s.build())
+    assert list(ordering.request_ids)[0] == "starved"
+    assert "1.75x fair share" in ordering.reason
+    # Half the widening: 1.75 x (1 + 0.5) = 2.625 s, and 2.5 s waited is not past it.
+    half = build_policy("adaptive", {"overdue_widening": "0.5"})
+    assert list(half.order_waiting(s.build()).request_ids)[-1] == "starved"
+
+
 def _admitting(policy: Policy, per_s: float, until_s: float) -> None:
     """Steps every 0.1 s for a minute up to ``until_s`` in which the engine admits
     ``per_s`` requests a second (each runs one step)."""
@@ -814,6 +829,7 @@ def test_a_pin_whose_job_is_back_gives_way_last_and_only_if_cheaper_than_the_vic
         ({"horizons_s": []}, "at least one horizon"),
         ({"soft_retain_lowest": 80, "soft_retain_highest": 40}, "soft_retain_lowest 80 >"),
         ({"fair_share_multiple": 0}, "fair_share_multiple"),
+        ({"overdue_widening": -1}, "overdue_widening"),
         ({"admission_window_s": 0}, "admission_window_s"),
         ({"memory_pryce": 1.0}, "memory_pryce"),
         ({"provisional_cache": "sometimes"}, "provisional_cache"),

@@ -87,6 +87,11 @@ class AdaptiveParams(PolicyParams):
     # min_fair_share_s) is admitted before any other, oldest first, and pins give way.
     fair_share_multiple: float = Field(default=1.75, gt=0.0)
     min_fair_share_s: float = Field(default=1.0, gt=0.0)
+    # How far the bound widens as memory gets short: fair_share_multiple x (1 +
+    # overdue_widening x price / memory_price), so 1 is up to twice the multiple and 0
+    # never wider. 0 with a small multiple trades the average job for a first-token
+    # tail near FCFS's (README, "Tail first").
+    overdue_widening: float = Field(default=1.0, ge=0.0)
     # Time constant of the average admission rate the fair share is computed from.
     admission_window_s: float = Field(default=10.0, gt=0.0)
     # The fair share counts what FCFS would re-compute of the contexts this engine
@@ -366,8 +371,9 @@ class AdaptivePolicy(NativePolicy):
 
     def overdue_multiple(self, step: StepView) -> float:
         """How many fair shares a request waits before it goes first:
-        ``fair_share_multiple`` while memory is idle, up to twice that as memory
-        gets short (scaled by the shortage, ``price / memory_price``).
+        ``fair_share_multiple`` while memory is idle, up to ``1 + overdue_widening``
+        times that (twice, by default) as memory gets short (scaled by the shortage,
+        ``price / memory_price``).
 
         Admitting an overdue request costs the working sets its blocks displace. With
         memory idle it displaces none, and a tight bound holds the tail at saturation
@@ -376,9 +382,10 @@ class AdaptivePolicy(NativePolicy):
         contexts of jobs in flight, and the engine re-computed them (jobs sharing
         nothing, 4 jobs/s, 3,000 blocks: 94.5 s per job at 2x, 72.9 s at 4x)."""
         multiple = self.params.fair_share_multiple
-        if self.params.memory_price <= 0.0:
+        if self.params.memory_price <= 0.0 or self.params.overdue_widening == 0.0:
             return multiple
-        return multiple * (1.0 + self._pressure(step).price / self.params.memory_price)
+        shortage = self._pressure(step).price / self.params.memory_price
+        return multiple * (1.0 + self.params.overdue_widening * shortage)
 
     def _admission_order(self, step: StepView) -> tuple[list[RequestView], int, bool]:
         memo = self._memo(step)
