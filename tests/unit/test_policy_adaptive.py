@@ -453,7 +453,7 @@ def test_a_bound_that_does_not_widen_holds_under_a_shortage() -> None:
     tail_first = build_policy("adaptive", {"overdue_widening": "0"})
     assert tail_first.overdue_multiple(s.build()) == 1.75  # type: ignore[attr-defined]
     ordering = tail_first.order_waiting(s.build())
-    assert list(ordering.request_ids)[0] == "starved"
+    assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
     assert "1.75x fair share" in ordering.reason
     # Half the widening: 1.75 x (1 + 0.5) = 2.625 s, and 2.5 s waited is not past it.
     half = build_policy("adaptive", {"overdue_widening": "0.5"})
