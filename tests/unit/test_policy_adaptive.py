@@ -385,6 +385,27 @@ def test_under_pressure_an_older_job_holding_nothing_goes_after_the_pins_before_
     assert "keeping up" not in ordering.reason
 
 
+@pytest.mark.parametrize(("credit_s", "order"), [
+    # The new job's first turn arrived at 8.5 s, the old job's turn at 9.9 s.
+    (None, ["held2", "old2", "new"]),  # the longest pin horizon, 30 s: ranks at 1 s
+    (2.0, ["held2", "old2", "new"]),   # ranks at 7.9 s
+    (1.0, ["held2", "new", "old2"]),   # ranks at 8.9 s
+    (0.0, ["held2", "new", "old2"]),   # arrival order past the jobs holding a pin
+])
+def test_the_job_age_credit_is_a_parameter(credit_s: float | None, order: list[str]) -> None:
+    # An operator whose engine loses more on new jobs' first turns than job order wins
+    # on later ones sets how much of a job's age counts; the pins still go first.
+    params = {} if credit_s is None else {"job_age_credit_s": credit_s}
+    policy = build_policy("adaptive", params)
+    s = (_new_job_then_old_turn(now=10.0, new_waited_s=1.5)
+         .waiting("held2", job="h", arrive=10.0 - 0.05, prompt=64)
+         .job("h", first_arrival=4.0, turns=1)
+         .pin("held1", job="h", blocks=2))
+    ordering = policy.order_waiting(s.build())
+    assert list(ordering.request_ids) == order
+    assert f"by job age up to {30.0 if credit_s is None else credit_s:g} s" in ordering.reason
+
+
 @pytest.mark.parametrize(("prefill_per_s", "order"), [
     (1_000, ["new", "old2"]),  # 10% of its time on prompts: arrival order for it
     (5_000, ["old2", "new"]),  # 50%: saturated, credited its job's age as any other

@@ -128,6 +128,11 @@ class AdaptiveParams(PolicyParams):
     # place in arrival order (README, "Unless the engine has time to spare"). 0: every
     # request credited (item 24's rule); above 1: only those that fit.
     saturated_prefill_share: float = Field(default=0.4, ge=0.0)
+    # The most of its job's age a waiting request of a job holding no pin is credited
+    # with (README, "Job order for every job"). Unset: the longest pin horizon
+    # (horizons_s[-1], 30 s by default). 0: those requests keep arrival order, behind
+    # the requests of jobs holding a pin.
+    job_age_credit_s: float | None = Field(default=None, ge=0.0)
 
     @field_validator("horizons_s")
     @classmethod
@@ -275,12 +280,20 @@ class AdaptivePolicy(NativePolicy):
         credited = ("every one" if self._saturated(share)
                     else "those that fit in the free blocks")
         reason = ("adaptive: jobs holding a pin first, oldest job first; then the others, "
-                  f"by job age up to {self.params.horizons_s[-1]:g} s ({credited}: the "
+                  f"by job age up to {self.job_age_credit_s:g} s ({credited}: the "
                   f"engine prefills {share:.0%} of its time)")
         if overdue:
             reason = (f"adaptive: {overdue} request(s) past {self.overdue_multiple(step):.3g}x "
                       f"fair share first, oldest first; then {reason[10:]}")
         return Ordering(tuple(r.request_id for r in ordered), reason)
+
+    @property
+    def job_age_credit_s(self) -> float:
+        """The most of its job's age a waiting request holding no pin ranks by: the
+        parameter, or the longest pin horizon (a job's next turn goes before the
+        first turns of jobs that came up to that long after it)."""
+        credit_s = self.params.job_age_credit_s
+        return self.params.horizons_s[-1] if credit_s is None else credit_s
 
     def prefill_share(self, step: StepView) -> float:
         """The share of its time the engine spent computing prompts lately (0 before
@@ -401,8 +414,9 @@ class AdaptivePolicy(NativePolicy):
         Past the overdue requests, the jobs holding a pin go first, oldest job first
         (Continuum's order): the turn uses the pin and frees it, and no new job takes
         its blocks. Every other request goes by its job's age too, credited for at
-        most the longest pin horizon (``horizons_s[-1]``, 30 s): it ranks as if it had
-        arrived that much earlier, or when its job did if that is later. A job's
+        most ``job_age_credit_s`` (unless set, the longest pin horizon, 30 s): it
+        ranks as if it had arrived that much earlier, or when its job did if that is
+        later. A job's
         next turn then goes before the first turns of jobs that came up to 30 s after
         it, which is what finishes jobs sooner on a saturated engine, its released
         context mostly still cached; a new job's first turn is not held behind every
@@ -430,7 +444,7 @@ class AdaptivePolicy(NativePolicy):
             return ordered, len(overdue), True
         job_level = job_level_waiting_key(step)
 
-        credit_s = self.params.horizons_s[-1]
+        credit_s = self.job_age_credit_s
         credit_all = self._saturated(self.prefill_share(step))
         free_blocks = step.kv.free_blocks
         block_tokens = step.kv.block_size_tokens
