@@ -416,10 +416,10 @@ class AdaptivePolicy(NativePolicy):
         its blocks. Every other request goes by its job's age too, credited for at
         most ``job_age_credit_s`` (unless set, the longest pin horizon, 30 s): it
         ranks as if it had arrived that much earlier, or when its job did if that is
-        later. A job's
-        next turn then goes before the first turns of jobs that came up to 30 s after
-        it, which is what finishes jobs sooner on a saturated engine, its released
-        context mostly still cached; a new job's first turn is not held behind every
+        later. A job's next turn then goes before the first turns of jobs that came
+        up to that long after it, which is what finishes jobs sooner on a saturated
+        engine, its released context mostly still cached; a new job's first turn is
+        not held behind every
         older job's under heavy overload. ADAPTIVE.md, item 24: twin run like the CPU
         engine with a model 9x slower to prefill (``twin cpu --like``, 6 seeds),
         0.845 of FCFS's job, as continuum, against 0.962 in arrival order; 11 turns,
