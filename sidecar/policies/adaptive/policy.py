@@ -419,12 +419,11 @@ class AdaptivePolicy(NativePolicy):
         later. A job's next turn then goes before the first turns of jobs that came
         up to that long after it, which is what finishes jobs sooner on a saturated
         engine, its released context mostly still cached; a new job's first turn is
-        not held behind every
-        older job's under heavy overload. ADAPTIVE.md, item 24: twin run like the CPU
-        engine with a model 9x slower to prefill (``twin cpu --like``, 6 seeds),
-        0.845 of FCFS's job, as continuum, against 0.962 in arrival order; 11 turns,
-        3,000 blocks, 12 jobs/s, maximum TTFT 1.05x FCFS's, 1.31x with the whole age
-        counted.
+        not held behind every older job's under heavy overload. ADAPTIVE.md, item 24:
+        twin run like the CPU engine with a model 9x slower to prefill (``twin cpu
+        --like``, 6 seeds), 0.845 of FCFS's job, as continuum, against 0.962 in
+        arrival order; 11 turns, 3,000 blocks, 12 jobs/s, maximum TTFT 1.05x FCFS's,
+        1.31x with the whole age counted.
 
         Unless the engine is saturated by prefill (``saturated_prefill_share``), a
         request that does not fit in the free blocks is not credited: it keeps its
