@@ -438,6 +438,25 @@ def test_an_older_jobs_turn_that_fits_is_credited_on_an_engine_with_time_to_spar
     assert "those that fit in the free blocks" in ordering.reason
 
 
+@pytest.mark.parametrize(("prefill_per_s", "order", "credited"), [
+    (1_000, ["new", "old2"], "none below saturation"),  # 10%: arrival order, fits or not
+    (5_000, ["old2", "new"], "every one"),              # 50%: saturated, credited
+])
+def test_with_no_credit_below_saturation_only_a_saturated_engine_credits_a_jobs_age(
+        prefill_per_s: float, order: list[str], credited: str) -> None:
+    # An engine with time to spare gains little from putting older jobs' turns first
+    # and its new jobs' first tokens wait for them (ADAPTIVE.md, item 31).
+    policy = build_policy("adaptive", {"credit_below_saturation": "none"})
+    s = (step(now=10.0, free_blocks=8)
+         .waiting("new", job="n", arrive=9.5, prompt=16)
+         .waiting("old2", job="o", arrive=9.9, prompt=128)
+         .job("n", first_arrival=9.5).job("o", first_arrival=1.0, turns=1)
+         .demand(12).engine_cost(1e-4).prefill_rate(prefill_per_s))
+    ordering = policy.order_waiting(s.build())
+    assert list(ordering.request_ids) == order
+    assert f"by job age up to 30 s ({credited}:" in ordering.reason
+
+
 def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
     """A new job that has waited 2.5 s behind ``young`` turns of an old job that just
     arrived, one request running."""
@@ -854,6 +873,7 @@ def test_a_pin_whose_job_is_back_gives_way_last_and_only_if_cheaper_than_the_vic
         ({"admission_window_s": 0}, "admission_window_s"),
         ({"memory_pryce": 1.0}, "memory_pryce"),
         ({"provisional_cache": "sometimes"}, "provisional_cache"),
+        ({"credit_below_saturation": "all"}, "credit_below_saturation"),
     ],
 )
 def test_bad_parameters_are_named(params: dict[str, object], message: str) -> None:

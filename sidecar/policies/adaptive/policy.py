@@ -133,6 +133,11 @@ class AdaptiveParams(PolicyParams):
     # (horizons_s[-1], 30 s by default). 0: those requests keep arrival order, behind
     # the requests of jobs holding a pin.
     job_age_credit_s: float | None = Field(default=None, ge=0.0)
+    # Which waiting requests of jobs holding no pin are credited while the engine is
+    # below saturated_prefill_share: "fitting", those that fit in the free blocks
+    # (item 26); "none", none of them, arrival order past the jobs holding a pin (an
+    # engine with time to spare gains little from reordering; ADAPTIVE.md, item 31).
+    credit_below_saturation: Literal["fitting", "none"] = "fitting"
 
     @field_validator("horizons_s")
     @classmethod
@@ -277,8 +282,13 @@ class AdaptivePolicy(NativePolicy):
                             "adaptive: engine keeping up (memory idle, no wait past "
                             f"{self.params.min_fair_share_s:g} s): arrival order")
         share = self.prefill_share(step)
-        credited = ("every one" if self._saturated(share)
-                    else "those that fit in the free blocks")
+        if self._saturated(share):
+            credited = "every one"
+        elif self.params.credit_below_saturation == "fitting":
+            credited = "those that fit in the free blocks"
+        else:
+            credited = "none below saturation"
+
         reason = ("adaptive: jobs holding a pin first, oldest job first; then the others, "
                   f"by job age up to {self.job_age_credit_s:g} s ({credited}: the "
                   f"engine prefills {share:.0%} of its time)")
@@ -445,6 +455,7 @@ class AdaptivePolicy(NativePolicy):
 
         credit_s = self.job_age_credit_s
         credit_all = self._saturated(self.prefill_share(step))
+        credit_fitting = self.params.credit_below_saturation == "fitting"
         free_blocks = step.kv.free_blocks
         block_tokens = step.kv.block_size_tokens
 
@@ -456,7 +467,8 @@ class AdaptivePolicy(NativePolicy):
                 return (0, request.arrival_s)
             job_pinless, first_s, arrival_s, _ = job_level(request)
             if job_pinless:
-                if credit_all or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
+                if credit_all or (credit_fitting and blocks_to_admit(
+                        request, block_tokens, 0) <= free_blocks):
                     return (2, max(first_s, arrival_s - credit_s), arrival_s)
                 return (2, arrival_s, arrival_s)
             return (1, first_s, arrival_s)
