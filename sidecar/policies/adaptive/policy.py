@@ -282,13 +282,8 @@ class AdaptivePolicy(NativePolicy):
                             "adaptive: engine keeping up (memory idle, no wait past "
                             f"{self.params.min_fair_share_s:g} s): arrival order")
         share = self.prefill_share(step)
-        if self._saturated(share):
-            credited = "every one"
-        elif self.params.credit_below_saturation == "fitting":
-            credited = "those that fit in the free blocks"
-        else:
-            credited = "none below saturation"
-
+        credited = {"all": "every one", "fitting": "those that fit in the free blocks",
+                    "none": "none below saturation"}[self._credit_scope(share)]
         reason = ("adaptive: jobs holding a pin first, oldest job first; then the others, "
                   f"by job age up to {self.job_age_credit_s:g} s ({credited}: the "
                   f"engine prefills {share:.0%} of its time)")
@@ -311,8 +306,13 @@ class AdaptivePolicy(NativePolicy):
         per_s = step.prefill_tokens_per_s
         return 0.0 if per_s is None else per_s * self.prefill_s_per_token(step)
 
-    def _saturated(self, share: float) -> bool:
-        return share >= self.params.saturated_prefill_share
+    def _credit_scope(self, share: float) -> Literal["all", "fitting", "none"]:
+        """Which waiting requests of jobs holding no pin are credited their job's age:
+        every one on an engine saturated by prefill, else as credit_below_saturation
+        says."""
+        if share >= self.params.saturated_prefill_share:
+            return "all"
+        return self.params.credit_below_saturation
 
     def fair_share_s(self, step: StepView, fcfs_factor: float = 1.0) -> float:
         """A request's fair share of waiting: the wait arrival order would give it
@@ -454,8 +454,7 @@ class AdaptivePolicy(NativePolicy):
         job_level = job_level_waiting_key(step)
 
         credit_s = self.job_age_credit_s
-        credit_all = self._saturated(self.prefill_share(step))
-        credit_fitting = self.params.credit_below_saturation == "fitting"
+        scope = self._credit_scope(self.prefill_share(step))
         free_blocks = step.kv.free_blocks
         block_tokens = step.kv.block_size_tokens
 
@@ -467,7 +466,7 @@ class AdaptivePolicy(NativePolicy):
                 return (0, request.arrival_s)
             job_pinless, first_s, arrival_s, _ = job_level(request)
             if job_pinless:
-                if credit_all or (credit_fitting and blocks_to_admit(
+                if scope == "all" or (scope == "fitting" and blocks_to_admit(
                         request, block_tokens, 0) <= free_blocks):
                     return (2, max(first_s, arrival_s - credit_s), arrival_s)
                 return (2, arrival_s, arrival_s)
