@@ -25,8 +25,10 @@ far (previous prompts, the model's real answers) plus the turn's new tokens, wit
 ``vllm_xargs`` job_id / is_last_step / tool. The engine runs with
 ``--enable-per-request-metrics``: every answer carries its wait in vLLM's queue and
 for its first token (``benchmarks/engine/ttft.py``), so each round records the tail
-of the first-token wait (p99, maximum) a job-level order may lengthen. Writes
-benchmarks/results/engine/engine.json and engine.png.
+of the first-token wait (p99, maximum) a job-level order may lengthen. Each second of
+a round it reads the daemon's prefill share of the engine's time
+(``benchmarks/engine/prefill_share.py``), so each round records how much of it adaptive
+counted as saturated. Writes benchmarks/results/engine/engine.json and engine.png.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ import sys
 import threading
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks.engine.paired import median_answer_lag_steps
+from benchmarks.engine.prefill_share import PrefillShareSampler, saturated_at
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +192,12 @@ def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
         text = answer.read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def daemon_gauges(url: str) -> dict[str, float]:
+    """The daemon's metrics by sample name (the benchmark runs one engine, so a
+    per-engine gauge has one label set)."""
+    return {name: value for (name, _), value in scrape_families(url).items()}
 
 
 # Cumulative on the engine, exported by the daemon once it has heard from the engine.
@@ -358,7 +368,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(r.get(name) is not None for r in runs) else None
         for name in scalars}
     for name in ("vllm_mean_s", "reports_carried", "engine_cpu_s", "answers_by_lag_steps",
-                 "run_queue_wait_s", "pins_ended", "pin_block_s", "ttft_s", "queue_s"):
+                 "run_queue_wait_s", "pins_ended", "pin_block_s", "ttft_s", "queue_s",
+                 "prefill_share"):
         merged[name] = _mean_by_key([r.get(name) or {} for r in runs])  # later figures
     # Which turns a policy makes wait: a job-level order shows on the first turns.
     merged["turn_latency_s"] = _mean_by_key(
@@ -586,10 +597,13 @@ def main() -> int:
                 load = DaemonLoad(daemon.process.pid, metrics_url)
                 engine_cpu = ProcessCpu(process.pid)
                 waits = RunQueueWait(process.pid)
+                share = PrefillShareSampler(partial(daemon_gauges, metrics_url))
+                share.start()
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
                 runs[policy].append({**run, **load.delta(),
+                                     "prefill_share": share.finish(saturated_at(policy)),
                                      "engine_cpu_s": engine_cpu.delta(),
                                      "run_queue_wait_s": waits.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
@@ -695,6 +709,16 @@ def main() -> int:
                                             ("avg", "p50", "p95", "p99", "max"))
                   + f"{run['ttft_s_max_of_rounds']:>15.3f}{queue['avg']:>11.3f}"
                   f"{queue['max']:>11.3f}")
+    shares = {policy: share for policy, run in results.items()
+              if (share := run.get("prefill_share")) and share.get("mean") is not None}
+    if shares:
+        print(f"\n{'prefill share':<16}{'mean':>7}{'p50':>7}{'max':>7}{'saturated':>11}"
+              f"{'at':>6}  (the daemon's share of the engine's time in prompts, sampled "
+              "each second, each round's averaged; saturated: the time at or above "
+              "adaptive's saturated_prefill_share)")
+        for policy, share in shares.items():
+            print(f"{policy:<16}" + "".join(f"{share[k]:>7.2f}" for k in ("mean", "p50", "max"))
+                  + f"{share['time_saturated']:>11.0%}{share['saturated_at']:>6.2f}")
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
     print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
     for policy, run in results.items():
