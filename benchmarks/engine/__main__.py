@@ -424,39 +424,23 @@ def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float
     (the context looks 3.6x dearer to recompute than it is) and holds blocks the next
     request needs. A user sets the same parameters for their hardware."""
 
-    median_s = partial(_median_request_s, api, base_url, repeats)
+    def median_s(prompt_tokens: int, output_tokens: int, tag: str) -> float:
+        timings = []
+        for index in range(repeats):
+            _reset_prefix_cache(base_url)
+            prompt = _tokens(f"measure:{tag}:{index}", prompt_tokens)
+            started = time.perf_counter()
+            api.completions.create(model="tiny", prompt=prompt, max_tokens=output_tokens,
+                                   extra_body={"ignore_eos": True})
+            timings.append(time.perf_counter() - started)
+        return statistics.median(timings)
+
     median_s(100, 1, "warm-up")
     short_s = median_s(16, 1, "short")
     long_s = median_s(1600, 1, "long")
     decode_s = median_s(16, 49, "decode")
     return {"prefill_s_per_token": max(long_s - short_s, 0.0) / 1584,
             "step_s": max(decode_s - short_s, 0.0) / 48}
-
-
-def probe_prefill_s_per_token(api: Any, base_url: str, repeats: int = 5) -> float:
-    """The engine's speed now, idle: a 1,600-token prompt against a 16-token one, cold,
-    the median of ``repeats``. Timed before and after each policy's run, it says how
-    fast the machine was while the policy ran, by a measure no policy can move (the
-    cost the daemon learns from the run's own steps depends on the batches the policy
-    made); ``python -m benchmarks.engine.paired`` adjusts the ratios by it."""
-    median_s = partial(_median_request_s, api, base_url, repeats)
-    short_s = median_s(16, 1, "probe-short")
-    return max(median_s(1600, 1, "probe-long") - short_s, 0.0) / 1584
-
-
-def _median_request_s(api: Any, base_url: str, repeats: int, prompt_tokens: int,
-                      output_tokens: int, tag: str) -> float:
-    """The median seconds of ``repeats`` requests of fresh random prompts, each with the
-    prefix cache reset first (nothing of it cached)."""
-    timings = []
-    for index in range(repeats):
-        _reset_prefix_cache(base_url)
-        prompt = _tokens(f"measure:{tag}:{index}", prompt_tokens)
-        started = time.perf_counter()
-        api.completions.create(model="tiny", prompt=prompt, max_tokens=output_tokens,
-                               extra_body={"ignore_eos": True})
-        timings.append(time.perf_counter() - started)
-    return statistics.median(timings)
 
 
 def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
@@ -602,7 +586,6 @@ def main() -> int:
             print("engine measured: " + ", ".join(f"{k}={v:.3g}" for k, v in measured.items()))
         turns = sum(len(job.turns) for job in workload.jobs)
         runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
-        last_probe_s = probe_prefill_s_per_token(api, base_url)
         for round_index in range(args.rounds):
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
@@ -619,16 +602,10 @@ def main() -> int:
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
-                run = {**run, **load.delta(),
-                       "prefill_share": share.finish(saturated_at(policy)),
-                       "engine_cpu_s": engine_cpu.delta(),
-                       "run_queue_wait_s": waits.delta()}
-                # The machine's speed around the run, the engine idle: timed after it
-                # (outside its CPU and daemon figures) and after the run before it
-                # (by the previous daemon, so the probe teaches this one nothing).
-                probes = (last_probe_s, probe_prefill_s_per_token(api, base_url))
-                last_probe_s = probes[1]
-                runs[policy].append({**run, "probe_prefill_s_per_token": probes})
+                runs[policy].append({**run, **load.delta(),
+                                     "prefill_share": share.finish(saturated_at(policy)),
+                                     "engine_cpu_s": engine_cpu.delta(),
+                                     "run_queue_wait_s": waits.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
         # Lower is better: a policy's average job over the baseline's, round by round.
         paired = {baseline: paired_ratios(runs, baseline) for baseline in policies}

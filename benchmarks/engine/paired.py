@@ -12,6 +12,19 @@ each request from the API server's arrival to its finish, so the per-request spl
 tells whether a policy moved the part it controls. Every figure is paired by round
 (the policies of a round run back to back on the same arrivals) and given as mean +-
 standard error over the rounds, with the one-sided 95% upper bound.
+
+Pairing cancels the drift between rounds, not within one: on a shared VM the machine
+can run 10-20% slower during one policy's half-minute than during the next one's, and
+the job ratio follows it (the thirteenth and fifteenth VMs, README). The daemon learns
+what a prompt token costs from each run's own steps, so the ratio is also given at
+equal machine speed (:func:`speed_adjusted_ratio`). It is a covariate adjustment,
+valid only where the policy does not move the cost it learns: a policy whose batches
+attend over longer cached contexts could. So the policy's learned cost over the
+baseline's is printed beside it: over many rounds a policy that does not move it
+averages 1 (adaptive over the 871 rounds of 93 runs on fourteen VMs: 0.997 +- 0.003,
+continuum over 484: 0.991 +- 0.004); one that stays away from 1 by several standard
+errors moves it, and its adjusted figure is not to be read. An idle probe timed between runs (a 1,600-token prompt,
+tried on the fifteenth VM) did not follow the runs' speed, which varies within a run.
 """
 
 from __future__ import annotations
@@ -112,6 +125,55 @@ def load_rounds(paths: Sequence[Path]) -> list[Round]:
     return rounds
 
 
+# A run's speed: the seconds a prompt token took, learned by the daemon from the run's
+# steps (0 where it had not learned it). Higher: a slower machine.
+LEARNED_S_PER_TOKEN = "learned_prefill_s_per_token"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedAdjusted:
+    """A job ratio at equal machine speed, with what it rests on."""
+
+    ratio: float
+    stderr: float
+    upper95: float
+    rounds: int
+    slope: float  # d log(job ratio) / d log(speed ratio)
+    speed_ratio: Estimate  # the policy's learned seconds a token over the baseline's
+
+
+def speed_adjusted_ratio(rounds: Sequence[Round], policy: str, baseline: str
+                         ) -> SpeedAdjusted | None:
+    """The policy's average job over the baseline's at equal machine speed: the log
+    job ratio of each round regressed on its log ratio of learned seconds a token
+    (policy over baseline), read at a ratio of 1. The intercept's standard error counts
+    the slope's uncertainty; the bound is Student's with n - 2 degrees of freedom.
+    None with fewer than 4 rounds where both runs learned the cost, or no spread."""
+    pairs = [(math.log(a / b), math.log(r[policy]["avg_job_duration_s"]
+                                         / r[baseline]["avg_job_duration_s"]))
+             for r in rounds if policy in r and baseline in r
+             if (a := r[policy].get(LEARNED_S_PER_TOKEN))
+             and (b := r[baseline].get(LEARNED_S_PER_TOKEN))]
+    count = len(pairs)
+    if count < 4:
+        return None
+    xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
+    x_mean, y_mean = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in pairs) / sxx
+    intercept = y_mean - slope * x_mean
+    residual = math.sqrt(sum((y - intercept - slope * x) ** 2 for x, y in pairs)
+                         / (count - 2))
+    log_stderr = residual * math.sqrt(1 / count + x_mean ** 2 / sxx)
+    ratio = math.exp(intercept)
+    return SpeedAdjusted(
+        ratio=ratio, stderr=ratio * log_stderr,
+        upper95=math.exp(intercept + t_quantile95(count - 2) * log_stderr),
+        rounds=count, slope=slope, speed_ratio=estimate([math.exp(x) for x in xs]))
+
+
 def job_ratio(rounds: Sequence[Round], policy: str, baseline: str) -> Estimate:
     """The policy's average job over the baseline's, paired by round."""
     return estimate([r[policy]["avg_job_duration_s"] / r[baseline]["avg_job_duration_s"]
@@ -172,6 +234,14 @@ def report(rounds: Sequence[Round], baseline: str) -> str:
             lines.append(f"  {name:<34}{difference.mean * 1e3:>8.2f}"
                          f"{difference.stderr * 1e3:>9.2f}{difference.upper95 * 1e3:>11.2f}"
                          f"{difference.mean * turns * 1e3:>12.1f}")
+        adjusted = speed_adjusted_ratio(rounds, policy, baseline)
+        if adjusted is not None:
+            balance = adjusted.speed_ratio
+            lines.append(f"  at equal machine speed: {adjusted.ratio:.3f} +- "
+                         f"{adjusted.stderr:.3f} (bound {adjusted.upper95:.3f}, "
+                         f"{adjusted.rounds} rounds, slope {adjusted.slope:.2f}); its "
+                         f"learned s/token over {baseline}'s {balance.mean:.3f} +- "
+                         f"{balance.stderr:.3f}")
         for stat, ratio in ttft_ratios(rounds, policy, baseline).items():
             lines.append(f"  {f'{stat} first-token wait / {baseline}':<34}{ratio.mean:>8.3f}"
                          f"{ratio.stderr:>9.3f}{ratio.upper95:>11.3f}  ({ratio.rounds} rounds)")
