@@ -21,7 +21,7 @@ learned cost over the baseline's and the job ratio at equal learned cost
 (:func:`speed_adjusted_ratio`, a covariate adjustment). The adjustment is valid only
 where the policy does not move the cost it learns, and the pinning policies do, a
 little: on the six saturated VMs their runs learned a dearer token than FCFS's beside
-them (adaptive 1.025 +- 0.008, continuum 1.027 +- 0.010, pooled over the VMs), on
+them (adaptive 1.023 +- 0.008, continuum 1.021 +- 0.009, pooled over the VMs), on
 the three fast ones a cheaper one (0.995 +- 0.007, 0.980 +- 0.008). There the adjusted
 ratio leans toward the policy by about the slope times that, so the verdicts stay on
 the plain paired ratio; the adjusted one says how much of a gap the machine's speed
