@@ -160,12 +160,12 @@ def speed_adjusted_ratio(rounds: Sequence[Round], policy: str, baseline: str
     if count < 4:
         return None
     xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
-    x_mean, y_mean = statistics.mean(xs), statistics.mean(ys)
-    sxx = sum((x - x_mean) ** 2 for x in xs)
-    if sxx <= 0:
+    try:
+        slope, intercept = statistics.linear_regression(xs, ys)
+    except statistics.StatisticsError:  # one speed in every round: nothing to adjust by
         return None
-    slope = sum((x - x_mean) * (y - y_mean) for x, y in pairs) / sxx
-    intercept = y_mean - slope * x_mean
+    x_mean = statistics.mean(xs)
+    sxx = sum((x - x_mean) ** 2 for x in xs)
     residual = math.sqrt(sum((y - intercept - slope * x) ** 2 for x, y in pairs)
                          / (count - 2))
     log_stderr = residual * math.sqrt(1 / count + x_mean ** 2 / sxx)
