@@ -54,7 +54,7 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
               efficiency: Efficiency, params: Sequence[str] = (),
               progress: bool = False) -> tuple[dict[str, Any], float]:
     """One simulation; the result (reference schema + extras) and its wall time."""
-    from benchmarks.twin.daemon import running_daemon
+    from benchmarks.twin.daemon import learned_step_costs, running_daemon
     from benchmarks.twin.metrics import summarize
     from benchmarks.twin.simulator import EngineConfig, VirtualClock, build_engine, simulate
 
@@ -76,7 +76,7 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
             try:
                 result = simulate(workload, scheduler, step_model, config, clock,
                                   progress=say)
-                learned = _learned_step_costs(daemon.address)
+                learned = learned_step_costs(daemon.address)
             finally:
                 scheduler.shutdown()
     fallback_steps = result.plugin_counters.get("fallback_steps", 0)
@@ -97,20 +97,6 @@ def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks:
         "step_time_model": step_model.as_dict(),
     }
     return summary, result.wall_s
-
-
-def _learned_step_costs(address: str) -> list[dict[str, Any]]:
-    """The step costs the daemon learned (Inspect.GetPolicy), as an operator reads them."""
-    import grpc
-    from google.protobuf.json_format import MessageToDict
-
-    from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        answer = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
-            inspect_pb2.GetPolicyRequest(), timeout=10)
-    return [MessageToDict(cost, preserving_proto_field_name=True)
-            for cost in answer.engine_costs]
 
 
 def _write_json(path: Path, data: Any, compact: bool = False) -> None:
@@ -486,6 +472,10 @@ def _parser() -> argparse.ArgumentParser:
     cpu.add_argument("--blocks", type=int, help="KV blocks of 128 tokens")
     cpu.add_argument("--step-s", type=float, help="a step's fixed cost")
     cpu.add_argument("--prefill-s-per-token", type=float)
+    cpu.add_argument("--attention-s-per-pair", type=float,
+                     help="attention's cost per (query, key) token pair, apart from "
+                          "--prefill-s-per-token (default 0: in it, as the daemon "
+                          "learns it); python -m benchmarks.engine.attention measures both")
     cpu.add_argument("--gap-s", type=float,
                      help="seconds a turn spends outside vLLM (HTTP, the client)")
     cpu.add_argument("--answer-lag-steps", type=int,
@@ -521,10 +511,13 @@ def cmd_cpu(args: argparse.Namespace) -> int:
         raise SystemExit(f"--like: {error}") from error
     setup = with_overrides(setup, jobs_per_s=args.jobs_per_s, time_scale=args.time_scale,
                            blocks=args.blocks, step_s=args.step_s,
-                           prefill_s_per_token=args.prefill_s_per_token, gap_s=args.gap_s,
+                           prefill_s_per_token=args.prefill_s_per_token,
+                           attention_s_per_pair=args.attention_s_per_pair, gap_s=args.gap_s,
                            answer_lag_steps=args.answer_lag_steps)
     if setup.answer_lag_steps < 0:
         raise SystemExit(f"--answer-lag-steps: {setup.answer_lag_steps} must be >= 0")
+    if not setup.attention_s_per_pair >= 0.0:
+        raise SystemExit(f"--attention-s-per-pair: {setup.attention_s_per_pair} must be >= 0")
     policies = [p for p in args.policies.split(",") if p]
     for policy in policies:
         if policy.split("@")[0] not in SWEEP_POLICIES:

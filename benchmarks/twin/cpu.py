@@ -51,6 +51,10 @@ class CpuSetup:
     step_s: float = 2.0e-3
     prefill_s_per_token: float = 3.0e-5
     decode_s_per_seq: float = 0.0
+    # Attention's cost per (query, key) pair (the twin's StepTimeModel): 0 leaves it
+    # in ``prefill_s_per_token`` as the daemon's linear fit does, an average over the
+    # contexts the run's prompts were computed after.
+    attention_s_per_pair: float = 0.0
     # Seconds a turn spends outside vLLM (client to API server and back).
     gap_s: float = 0.0
     # Steps the daemon's answers land after the next one (the twin's default: none;
@@ -90,7 +94,8 @@ class CpuSetup:
 
     def step_model(self) -> StepTimeModel:
         return StepTimeModel(fixed_s=self.step_s, prefill_s_per_token=self.prefill_s_per_token,
-                             decode_s_per_seq=self.decode_s_per_seq, kv_read_s_per_token=0.0)
+                             decode_s_per_seq=self.decode_s_per_seq, kv_read_s_per_token=0.0,
+                             attention_s_per_pair=self.attention_s_per_pair)
 
 
 def engine_config(setup: CpuSetup) -> Any:
@@ -105,7 +110,7 @@ def engine_config(setup: CpuSetup) -> Any:
 def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     """One seed of one policy (``name@KEY=VALUE@...`` sets parameters) through the
     real daemon; the twin's summary of it."""
-    from benchmarks.twin.daemon import running_daemon
+    from benchmarks.twin.daemon import learned_step_costs, running_daemon
     from benchmarks.twin.metrics import summarize
     from benchmarks.twin.simulator import VirtualClock, build_engine, simulate
 
@@ -118,10 +123,16 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
                                  setup.answer_lag_steps)
         try:
             result = simulate(workload, scheduler, setup.step_model(), config, clock)
+            learned = learned_step_costs(daemon.address)
         finally:
             scheduler.shutdown()
     summary = summarize(result, policy, setup.jobs_per_s)
     summary["seed"] = seed
+    # The prompt token's cost the daemon learned from the twin's steps, as the engine
+    # benchmark records it: with an attention term it depends on the contexts the
+    # policy's tokens were computed after.
+    summary["learned_prefill_s_per_token"] = (
+        float(learned[0].get("prefill_s_per_token", 0.0)) or None if learned else None)
     return summary
 
 
@@ -141,26 +152,38 @@ def compare(setup: CpuSetup, policies: Sequence[str], seeds: Sequence[int],
 
 def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str) -> str:
     """Per policy: the average job, hits, pinned blocks and maximum TTFT over the seeds,
-    and its average job over the baseline's paired by seed (mean +- standard error)."""
+    and, paired by seed with the baseline's (mean +- standard error), its average job
+    and the prompt token's cost the daemon learned (as ``benchmarks.engine.paired``
+    prints the engine's)."""
     from benchmarks.engine.paired import estimate
 
     lines = [f"twin, vLLM CPU setup: {setup.blocks} blocks of {setup.block_tokens} tokens, "
              f"{setup.jobs} {setup.kind} jobs at {setup.jobs_per_s:g}/s x{setup.scale:g}, "
              f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM, step "
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
-             f"token, answers {setup.answer_lag_steps} step(s) late",
+             f"token + {setup.attention_s_per_pair:.2e} s an attention pair, answers "
+             f"{setup.answer_lag_steps} step(s) late",
              f"{'policy':<36}{'avg job s':>10}{'hits':>8}{'pinned blocks':>15}"
-             f"{'provisional':>13}{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"]
+             f"{'provisional':>13}{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"
+             f"{'learned s/token / its':>24}"]
     for policy, summaries in runs.items():
-        ratio = estimate([s["avg_duration_s"] / b["avg_duration_s"]
-                          for s, b in zip(summaries, runs[baseline], strict=True)])
+        pairs = list(zip(summaries, runs[baseline], strict=True))
+        ratio = estimate([s["avg_duration_s"] / b["avg_duration_s"] for s, b in pairs])
+        learned = [s["learned_prefill_s_per_token"] / b["learned_prefill_s_per_token"]
+                   for s, b in pairs
+                   if s.get("learned_prefill_s_per_token")
+                   and b.get("learned_prefill_s_per_token")]
+        learned_text = "-"
+        if len(learned) == len(pairs):
+            cost = estimate(learned)
+            learned_text = f"{cost.mean:.3f} +- {cost.stderr:.3f}"
         lines.append(
             f"{policy:<36}{statistics.fmean(s['avg_duration_s'] for s in summaries):>10.3f}"
             f"{statistics.fmean(s['prefix_cache_hit_rate'] for s in summaries):>8.1%}"
             f"{statistics.fmean(s['pinned_blocks_avg'] for s in summaries):>15.1f}"
             f"{statistics.fmean(s.get('provisional_blocks_avg') or 0.0 for s in summaries):>13.1f}"
             f"{max(s['ttft_ms']['max'] for s in summaries) / 1e3:>12.2f}"
-            f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}")
+            f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}{learned_text:>24}")
     lines.append(f"{len(next(iter(runs.values())))} seeds")
     return "\n".join(lines)
 
@@ -170,9 +193,9 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     full summaries carry time series; these do not)."""
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
-            "ttft_ms")
+            "ttft_ms", "learned_prefill_s_per_token")
     return {"setup": asdict(setup),
-            "policies": {policy: [{key: s[key] for key in keep} for s in summaries]
+            "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +72,17 @@ def running_daemon(policy: str, params: Sequence[str] = ()) -> Iterator[Daemon]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(timeout=5)
+
+
+def learned_step_costs(address: str) -> list[dict[str, Any]]:
+    """The step costs the daemon learned (Inspect.GetPolicy), as an operator reads them."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        answer = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
+            inspect_pb2.GetPolicyRequest(), timeout=10)
+    return [MessageToDict(cost, preserving_proto_field_name=True)
+            for cost in answer.engine_costs]

@@ -3,6 +3,7 @@
     t_step = fixed_s + prefill_s_per_token * prefill_tokens
                      + decode_s_per_seq * decode_seqs
                      + kv_read_s_per_token * kv_tokens_read
+                     + attention_s_per_pair * attention_pairs
 
 - ``fixed_s``: every step reads all weights once (memory bound) and pays the engine's
   per-step CPU/launch overhead: ``weight_bytes / (bandwidth * bandwidth_efficiency)
@@ -17,6 +18,14 @@
 - ``kv_read_s_per_token``: attention reads the K and V of every context token of every
   scheduled sequence once per step: ``kv_bytes_per_token / (bandwidth *
   bandwidth_efficiency)``.
+
+- ``attention_s_per_pair``: attention's compute, per (query token, key token) pair a
+  step multiplies out. 0 on the GPU, where attention is bound by reading the KV (the
+  term above) and a step's matmuls dwarf its FLOPs. Not so on vLLM's CPU build with the
+  tiny test model: there a prompt token attending over 1,500 cached tokens costs
+  about ten times one attending over none (``benchmarks/engine/attention.py``), so a
+  turn's prefill after a long cached prefix is far dearer per token than the prompt
+  tokens' average, and a re-computation grows with the square of the context.
 
 The GPU and model give the physics; four efficiencies (``Efficiency``) are the only
 free parameters, calibrated once against FCFS on the real GPU (``python -m
@@ -123,6 +132,9 @@ class StepShape:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     kv_tokens_read: int = 0
+    # Causal attention's (query, key) pairs: a request scheduling n tokens after P
+    # computed ones multiplies n * P + n * (n + 1) / 2 of them.
+    attention_pairs: int = 0
 
     @property
     def empty(self) -> bool:
@@ -135,6 +147,7 @@ class StepTimeModel:
     prefill_s_per_token: float
     decode_s_per_seq: float
     kv_read_s_per_token: float
+    attention_s_per_pair: float = 0.0
 
     @classmethod
     def derive(cls, gpu: GpuSpec = RTX_5090, model: ModelSpec = LLAMA_31_8B,
@@ -157,7 +170,8 @@ class StepTimeModel:
         return (self.fixed_s
                 + self.prefill_s_per_token * shape.prefill_tokens
                 + self.decode_s_per_seq * shape.decode_seqs
-                + self.kv_read_s_per_token * shape.kv_tokens_read)
+                + self.kv_read_s_per_token * shape.kv_tokens_read
+                + self.attention_s_per_pair * shape.attention_pairs)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -166,12 +180,16 @@ class StepTimeModel:
 def shape_of(scheduler: Any, scheduler_output: Any) -> StepShape:
     """The step's shape. Call right after ``schedule()``: vLLM has already advanced
     ``num_computed_tokens`` by the scheduled tokens, so it is the attended context."""
-    prefill = decode = kv = 0
+    prefill = decode = kv = pairs = 0
     requests = scheduler.requests
     for request_id, tokens in scheduler_output.num_scheduled_tokens.items():
         if tokens > 1:
             prefill += tokens
         else:
             decode += 1
-        kv += requests[request_id].num_computed_tokens
-    return StepShape(prefill_tokens=prefill, decode_seqs=decode, kv_tokens_read=kv)
+        context = requests[request_id].num_computed_tokens
+        kv += context
+        before = context - tokens
+        pairs += tokens * before + tokens * (tokens + 1) // 2
+    return StepShape(prefill_tokens=prefill, decode_seqs=decode, kv_tokens_read=kv,
+                     attention_pairs=pairs)

@@ -41,6 +41,25 @@ def test_a_real_runs_setup_runs_in_the_twin_with_its_pins(tmp_path: Path) -> Non
         assert figures[name][0]["avg_duration_s"] > 0
         assert f"\n{name} " in done.stdout, done.stdout
     assert "1 seeds" in done.stdout
+    # Its steps are linear in the prompt tokens: the daemon learns the model's figure.
+    for name in ("fcfs", "adaptive"):
+        learned = figures[name][0]["learned_prefill_s_per_token"]
+        assert abs(learned / setup["prefill_s_per_token"] - 1) < 0.05, (name, learned)
+
+
+def test_attention_priced_apart_is_learned_into_the_prompt_token(tmp_path: Path) -> None:
+    # The CPU engine's fit (benchmarks/engine/attention.py): a prompt token's own cost
+    # and attention's per query-key pair. The daemon's linear fit averages the pairs in.
+    out = tmp_path / "cpu.json"
+    done = _twin_cpu("--like", str(REAL_RUN), "--policies", "fcfs", "--seeds", "1",
+                     "--prefill-s-per-token", "1.5e-5", "--attention-s-per-pair", "9.5e-8",
+                     "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["setup"]["attention_s_per_pair"] == 9.5e-8
+    assert "9.50e-08 s an attention pair" in done.stdout
+    # Contexts of hundreds of tokens: attention is most of a prompt token's cost.
+    assert result["policies"]["fcfs"][0]["learned_prefill_s_per_token"] > 3 * 1.5e-5
 
 
 def test_a_file_that_is_not_an_engine_result_is_named(tmp_path: Path) -> None:
@@ -55,6 +74,12 @@ def test_an_unknown_policy_is_named() -> None:
     done = _twin_cpu("--policies", "fcfs,lifo", "--seeds", "1")
     assert done.returncode != 0
     assert "'lifo'" in done.stderr
+
+
+def test_a_negative_attention_cost_is_named() -> None:
+    done = _twin_cpu("--attention-s-per-pair=-1e-8", "--seeds", "1")
+    assert done.returncode != 0
+    assert "--attention-s-per-pair: -1e-08 must be >= 0" in done.stderr
 
 
 def test_a_negative_answer_lag_is_named() -> None:

@@ -68,5 +68,8 @@ def test_shape_of_reads_prefill_decode_and_context_from_the_scheduler_output() -
     })
     output = SimpleNamespace(num_scheduled_tokens={"prefill": 500, "decode-a": 1,
                                                    "decode-b": 1})
-    assert shape_of(scheduler, output) == StepShape(prefill_tokens=500, decode_seqs=2,
-                                                    kv_tokens_read=2500)
+    # Attention pairs: 500 queries over the 1,000 cached keys and each other (causal),
+    # and each decode's one query over its whole context.
+    assert shape_of(scheduler, output) == StepShape(
+        prefill_tokens=500, decode_seqs=2, kv_tokens_read=2500,
+        attention_pairs=500 * 1000 + 500 * 501 // 2 + 300 + 700)
