@@ -185,7 +185,27 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
             f"{max(s['ttft_ms']['max'] for s in summaries) / 1e3:>12.2f}"
             f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}{learned_text:>24}")
     lines.append(f"{len(next(iter(runs.values())))} seeds")
+    lines += turn_latency_lines(runs)
     return "\n".join(lines)
+
+
+def turn_latency_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each policy's average time from a turn's request to its last token, by the
+    turn's place in its job, over the seeds: the engine benchmark's "turn latency"
+    table (there the client's clock, so also the time outside vLLM)."""
+    turns = sorted({int(turn) for summaries in runs.values() for s in summaries
+                    for turn in s.get("per_turn_avg_latency_ms") or {}})
+    if not turns:
+        return []
+    lines = [f"{'turn latency s':<36}" + "".join(f"{turn:>7}" for turn in turns)]
+    for policy, summaries in runs.items():
+        cells = []
+        for turn in turns:
+            values = [s["per_turn_avg_latency_ms"][str(turn)] for s in summaries
+                      if str(turn) in (s.get("per_turn_avg_latency_ms") or {})]
+            cells.append(f"{statistics.fmean(values) / 1e3:>7.2f}" if values else f"{'-':>7}")
+        lines.append(f"{policy:<36}" + "".join(cells))
+    return lines
 
 
 def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -193,7 +213,7 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     full summaries carry time series; these do not)."""
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
-            "ttft_ms", "learned_prefill_s_per_token")
+            "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}
