@@ -35,6 +35,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+# The twin's count, so that the fitted figure is the one its step model multiplies.
+from benchmarks.twin.steptime import attention_pairs
+
 MAX_MODEL_LEN = 2048
 PREFIXES = (0, 256, 512, 1024, 1536)
 NEW_TOKENS = (32, 128, 256, 512)
@@ -67,12 +70,6 @@ class Fit:
     def token_s_after(self, prefix_tokens: int, new_tokens: int) -> float:
         """The average cost of one of ``new_tokens`` computed after ``prefix_tokens``."""
         return (self.seconds(prefix_tokens, new_tokens) - self.fixed_s) / new_tokens
-
-
-def attention_pairs(prefix_tokens: int, new_tokens: int) -> int:
-    """Query-key pairs of causal attention: n queries over P cached keys and the new
-    ones up to each (the twin's ``StepShape.attention_pairs``)."""
-    return new_tokens * prefix_tokens + new_tokens * (new_tokens + 1) // 2
 
 
 def grid() -> list[tuple[int, int]]:

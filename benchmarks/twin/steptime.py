@@ -177,6 +177,13 @@ class StepTimeModel:
         return asdict(self)
 
 
+def attention_pairs(prefix_tokens: int, new_tokens: int) -> int:
+    """Query-key pairs of causal attention when ``new_tokens`` are computed after
+    ``prefix_tokens``: each new token attends over the prefix and the new tokens up to
+    itself, ``n * P + n * (n + 1) / 2``."""
+    return new_tokens * prefix_tokens + new_tokens * (new_tokens + 1) // 2
+
+
 def shape_of(scheduler: Any, scheduler_output: Any) -> StepShape:
     """The step's shape. Call right after ``schedule()``: vLLM has already advanced
     ``num_computed_tokens`` by the scheduled tokens, so it is the attended context."""
@@ -189,7 +196,6 @@ def shape_of(scheduler: Any, scheduler_output: Any) -> StepShape:
             decode += 1
         context = requests[request_id].num_computed_tokens
         kv += context
-        before = context - tokens
-        pairs += tokens * before + tokens * (tokens + 1) // 2
+        pairs += attention_pairs(context - tokens, tokens)
     return StepShape(prefill_tokens=prefill, decode_seqs=decode, kv_tokens_read=kv,
                      attention_pairs=pairs)

@@ -9,12 +9,11 @@ from benchmarks.engine.attention import (
     MAX_MODEL_LEN,
     Cell,
     Fit,
-    attention_pairs,
     fit,
     grid,
     report,
 )
-from benchmarks.twin.steptime import StepShape, StepTimeModel
+from benchmarks.twin.steptime import StepShape, StepTimeModel, attention_pairs
 
 
 def test_pairs_are_causal_attentions_query_key_products() -> None:
