@@ -133,7 +133,32 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     # policy's tokens were computed after.
     summary["learned_prefill_s_per_token"] = (
         float(learned[0].get("prefill_s_per_token", 0.0)) or None if learned else None)
+    summary["prefill_share"] = prefill_share(
+        result.prefill_tokens_by_s, summary["learned_prefill_s_per_token"], policy)
     return summary
+
+
+def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
+                  policy: str) -> dict[str, float] | None:
+    """The share of its time the engine spent computing prompts, as adaptive reads it
+    each second (the daemon's ``PrefillRate``: prompt tokens a second over the last
+    10 s, times the cost of a token learned by the end of the run), summarized as the
+    engine benchmark summarizes the gauge it samples (``benchmarks.engine.
+    prefill_share``): mean, median, maximum and the time at or above the policy's
+    ``saturated_prefill_share``. None without a learned cost or a prompt token."""
+    from benchmarks.engine.prefill_share import saturated_at, summarize
+    from sidecar.runtime.steptime import PrefillRate
+
+    if not learned_s_per_token or not tokens_by_s:
+        return None
+    rate = PrefillRate()
+    rate.add(0.0, 0)
+    shares = []
+    for second, tokens in enumerate(tokens_by_s, start=1):
+        rate.add(float(second), tokens)
+        per_s = rate.per_s()
+        shares.append(0.0 if per_s is None else per_s * learned_s_per_token)
+    return summarize(shares, saturated_at(policy))
 
 
 def compare(setup: CpuSetup, policies: Sequence[str], seeds: Sequence[int],
@@ -186,7 +211,26 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
             f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}{learned_text:>24}")
     lines.append(f"{len(next(iter(runs.values())))} seeds")
     lines += turn_latency_lines(runs)
+    lines += prefill_share_lines(runs)
     return "\n".join(lines)
+
+
+def prefill_share_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each policy's prefill share over the seeds (their summaries averaged): the
+    engine benchmark's "prefill share" table."""
+    rows = []
+    for policy, summaries in runs.items():
+        shares = [s["prefill_share"] for s in summaries if s.get("prefill_share")]
+        if shares:
+            rows.append(f"{policy:<36}" + "".join(
+                f"{statistics.fmean(share[key] for share in shares):>7.2f}"
+                for key in ("mean", "p50", "max"))
+                + f"{statistics.fmean(share['time_saturated'] for share in shares):>11.0%}"
+                + f"{shares[0]['saturated_at']:>6.2f}")
+    if not rows:
+        return []
+    return [f"{'prefill share':<36}{'mean':>7}{'p50':>7}{'max':>7}{'saturated':>11}"
+            f"{'at':>6}", *rows]
 
 
 def turn_latency_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -213,7 +257,8 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     full summaries carry time series; these do not)."""
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
-            "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms")
+            "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
+            "prefill_share")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}

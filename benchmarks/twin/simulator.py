@@ -96,6 +96,9 @@ class SimResult:
     wall_s: float = 0.0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    # Prompt tokens computed in each whole second of the clock (index: the second a
+    # step ended in): what the daemon's prefill share is read from.
+    prefill_tokens_by_s: list[int] = field(default_factory=list)
     plugin_counters: dict[str, int] = field(default_factory=dict)
     # KV block-seconds finished turns' blocks waited for the daemon's word on a pin.
     provisional_block_s: float = 0.0
@@ -296,6 +299,11 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
             result.busy_s += step_s
             result.prefill_tokens += shape.prefill_tokens
             result.decode_tokens += shape.decode_seqs
+            if shape.prefill_tokens:
+                second = int(clock.now_s + step_s)
+                by_s = result.prefill_tokens_by_s
+                by_s.extend([0] * (second + 1 - len(by_s)))
+                by_s[second] += shape.prefill_tokens
         for new in output.scheduled_new_reqs:
             record = result.turns[new.req_id]
             if record.cached_tokens is None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.twin.cpu import CpuSetup, report, turn_latency_lines
+import pytest
+
+from benchmarks.twin.cpu import (
+    CpuSetup,
+    prefill_share,
+    prefill_share_lines,
+    report,
+    turn_latency_lines,
+)
 
 
 def _summary(seed: int, job_s: float, learned: float | None,
@@ -48,3 +56,40 @@ def test_turn_latencies_are_averaged_over_the_seeds_in_seconds() -> None:
 
 def test_no_turn_latencies_print_no_table() -> None:
     assert turn_latency_lines({"fcfs": [_summary(0, 10.0, None)]}) == []
+
+
+def test_a_steady_prompt_rate_reads_as_its_share_every_second() -> None:
+    # 5,000 prompt tokens a second at 8e-5 s a token: 40% of the engine's time.
+    share = prefill_share([5000] * 30, 8e-5, "adaptive")
+    assert share is not None
+    assert share["mean"] == pytest.approx(0.4)
+    assert share["max"] == pytest.approx(0.4)
+    # adaptive's default threshold is 0.4; a spec's own is used where it sets one.
+    assert share["saturated_at"] == 0.4
+    low = prefill_share([5000] * 30, 8e-5, "adaptive@saturated_prefill_share=0.5")
+    assert low is not None and low["time_saturated"] == 0.0
+
+
+def test_a_burst_is_read_over_the_daemons_ten_seconds() -> None:
+    # 10 s at 48%, then idle: the share decays (the daemon's 10 s average), so the
+    # engine reads as saturated for the burst and a second after (0.41), not longer.
+    share = prefill_share([6000] * 10 + [0] * 20, 8e-5, "fcfs")
+    assert share is not None
+    assert share["time_saturated"] == pytest.approx(11 / 30)
+    assert share["max"] == pytest.approx(0.48)
+    assert share["mean"] < 0.3
+
+
+def test_no_learned_cost_no_share() -> None:
+    assert prefill_share([5000] * 10, None, "fcfs") is None
+    assert prefill_share([], 8e-5, "fcfs") is None
+
+
+def test_the_share_table_averages_the_seeds() -> None:
+    runs = {"fcfs": [{"prefill_share": {"mean": 0.4, "p50": 0.42, "max": 0.5,
+                                        "time_saturated": 0.6, "saturated_at": 0.4}},
+                     {"prefill_share": {"mean": 0.44, "p50": 0.46, "max": 0.5,
+                                        "time_saturated": 0.8, "saturated_at": 0.4}}]}
+    header, row = prefill_share_lines(runs)
+    assert header.split()[:2] == ["prefill", "share"]
+    assert row.split()[1:] == ["0.42", "0.44", "0.50", "70%", "0.40"]
