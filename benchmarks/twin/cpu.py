@@ -131,10 +131,10 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     # The prompt token's cost the daemon learned from the twin's steps, as the engine
     # benchmark records it: with an attention term it depends on the contexts the
     # policy's tokens were computed after.
-    summary["learned_prefill_s_per_token"] = (
-        float(learned[0].get("prefill_s_per_token", 0.0)) or None if learned else None)
-    summary["prefill_share"] = prefill_share(
-        result.prefill_tokens_by_s, summary["learned_prefill_s_per_token"], policy)
+    learned_s = float(learned[0].get("prefill_s_per_token", 0.0)) if learned else 0.0
+    summary["learned_prefill_s_per_token"] = learned_s or None  # None: not learned
+    summary["prefill_share"] = prefill_share(result.prefill_tokens_by_s, learned_s or None,
+                                             policy)
     return summary
 
 
