@@ -18,7 +18,11 @@ weights it further, as a CPU request would.
 With ``--rounds R`` every policy runs R times, the order rotated each round (so no
 policy always runs first, on a cold machine, or last); each figure is the mean of the
 rounds and ``avg_job_duration_s_range`` their spread: on a shared 2-core machine that
-spread is the noise a difference must beat.
+spread is the noise a difference must beat. Every round runs the jobs drawn with
+``--seed``; with ``--vary-seed`` round i runs those drawn with ``--seed`` + i (every
+policy of a round the same jobs, so the ratios stay paired), and the paired ratio
+averages over workload draws as ``python -m benchmarks.twin cpu --seeds R`` does,
+instead of over one draw's timing noise.
 
 Each turn is a /v1/completions request whose prompt is token ids: the job's context so
 far (previous prompts, the model's real answers) plus the turn's new tokens, with
@@ -79,6 +83,11 @@ class Sampler(threading.Thread):
         while not self.stop.wait(0.2):
             with contextlib.suppress(OSError):
                 self.samples.append(scrape(self.base_url)["vllm:kv_cache_usage_perc"])
+
+
+def round_seeds(seed: int, rounds: int, vary: bool) -> list[int]:
+    """The workload seed of each round: ``seed`` throughout, or ``seed + i`` in round i."""
+    return [seed + index if vary else seed for index in range(rounds)]
 
 
 def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[str, Any]:
@@ -522,6 +531,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every policy this many times, order rotated each round")
+    parser.add_argument("--vary-seed", action="store_true",
+                        help="round i runs the jobs drawn with --seed + i (every policy of "
+                             "a round the same ones): the ratios average over workloads, "
+                             "as the twin's seeds do, not over one draw")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--default-hardware", action="store_true",
                         help="leave the policies' hardware constants (prefill_s_per_token, "
@@ -547,8 +560,12 @@ def main() -> int:
     from tests.support.redis_server import free_port
     from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
-    workload = scaled(generate(args.workload, args.jobs_per_s, seed=args.seed,
-                               num_jobs=args.jobs), args.scale, args.time_scale, args.max_output)
+    seeds = round_seeds(args.seed, args.rounds, args.vary_seed)
+
+    def workload_of(seed: int) -> Any:
+        return scaled(generate(args.workload, args.jobs_per_s, seed=seed, num_jobs=args.jobs),
+                      args.scale, args.time_scale, args.max_output)
+
     model_dir = tiny_model_dir()
     daemon_metrics_port = free_port()
     daemon = DaemonController("--metrics-port", str(daemon_metrics_port),
@@ -584,9 +601,10 @@ def main() -> int:
         measured = {} if args.default_hardware else measure_engine(api, base_url)
         if measured:
             print("engine measured: " + ", ".join(f"{k}={v:.3g}" for k, v in measured.items()))
-        turns = sum(len(job.turns) for job in workload.jobs)
         runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
-        for round_index in range(args.rounds):
+        for round_index, seed in enumerate(seeds):
+            workload = workload_of(seed)
+            turns = sum(len(job.turns) for job in workload.jobs)
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
                 daemon.start(policy.split("@")[0], *policy_params(policy, measured))
@@ -602,7 +620,7 @@ def main() -> int:
                 with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
-                runs[policy].append({**run, **load.delta(),
+                runs[policy].append({**run, **load.delta(), "seed": seed,
                                      "prefill_share": share.finish(saturated_at(policy)),
                                      "engine_cpu_s": engine_cpu.delta(),
                                      "run_queue_wait_s": waits.delta()})
@@ -626,7 +644,7 @@ def main() -> int:
         "workload": {"kind": args.workload, "jobs": args.jobs, "jobs_per_s": args.jobs_per_s,
                      "scale": args.scale, "time_scale": args.time_scale,
                      "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed,
-                     "rounds": args.rounds},
+                     "rounds": args.rounds, "seeds": sorted(set(seeds))},
         # Passed to every policy that declares them (empty: the GPU defaults).
         "engine_measured": measured,
         # How the daemon shared the CPUs (the README's seventh VM: it moves the lag).

@@ -17,6 +17,7 @@ from benchmarks.engine.__main__ import (
     aggregate,
     paired_ratios,
     policy_params,
+    round_seeds,
 )
 from benchmarks.engine.profile import summarize
 from sidecar.policies.registry import build_policy, policy_parameters
@@ -59,6 +60,17 @@ def test_paired_ratios_compare_policies_within_each_round() -> None:
     assert math.isclose(paired["adaptive"]["stderr"], 0.025)
     assert paired_ratios({"fcfs": runs["fcfs"][:1], "adaptive": runs["adaptive"][:1]},
                          "fcfs")["adaptive"]["stderr"] == 0.0
+
+
+def test_each_round_draws_its_own_jobs_only_when_asked() -> None:
+    from benchmarks.twin.workload import generate
+
+    assert round_seeds(3, 4, vary=False) == [3, 3, 3, 3]
+    assert round_seeds(3, 4, vary=True) == [3, 4, 5, 6]
+    # Another seed is another draw of the workload: other arrivals for the same jobs.
+    first, second = (generate("reference", 1.5, seed=seed, num_jobs=24)
+                     for seed in round_seeds(0, 2, vary=True))
+    assert [job.arrival_s for job in first.jobs] != [job.arrival_s for job in second.jobs]
 
 
 def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
