@@ -384,6 +384,10 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     merged["turn_latency_s"] = _mean_by_key(
         [{turn: figures["avg_latency_s"] for turn, figures in r["per_turn"].items()}
          for r in runs])
+    # What the pins kept: the prompt tokens each turn found cached, by turn.
+    merged["turn_cached_tokens"] = _mean_by_key(
+        [{turn: figures["avg_cached_tokens"] for turn, figures in r["per_turn"].items()}
+         for r in runs])
     averages = [r["avg_job_duration_s"] for r in runs]
     # The longest any request of any round waited for its first token.
     maxima = [r["ttft_s"]["max"] for r in runs if r.get("ttft_s")]
@@ -738,12 +742,14 @@ def main() -> int:
             print(f"{policy:<16}" + "".join(f"{share[k]:>7.2f}" for k in ("mean", "p50", "max"))
                   + f"{share['time_saturated']:>11.0%}{share['saturated_at']:>6.2f}")
     turns = sorted({int(t) for run in results.values() for t in run["turn_latency_s"]})
-    print(f"\n{'turn latency s':<16}" + "".join(f"{t:>7}" for t in turns))
-    for policy, run in results.items():
-        by_turn = run["turn_latency_s"]
-        print(f"{policy:<16}" + "".join(
-            f"{by_turn[str(t)]:>7.2f}" if by_turn.get(str(t)) is not None else f"{'-':>7}"
-            for t in turns))
+    for title, key, digits in (("turn latency s", "turn_latency_s", 2),
+                               ("cached tokens", "turn_cached_tokens", 0)):
+        print(f"\n{title:<16}" + "".join(f"{t:>7}" for t in turns))
+        for policy, run in results.items():
+            by_turn = run.get(key) or {}
+            print(f"{policy:<16}" + "".join(
+                f"{by_turn[str(t)]:>7.{digits}f}" if by_turn.get(str(t)) is not None
+                else f"{'-':>7}" for t in turns))
     if args.rounds > 1:
         print("\naverage job over the baseline's, paired by round (mean +- standard error):")
         for baseline, by_policy in paired.items():

@@ -210,9 +210,27 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
             f"{max(s['ttft_ms']['max'] for s in summaries) / 1e3:>12.2f}"
             f"{f'{ratio.mean:.3f} +- {ratio.stderr:.3f}':>26}{learned_text:>24}")
     lines.append(f"{len(next(iter(runs.values())))} seeds")
+    lines += seed_ratio_lines(runs, baseline)
     lines += turn_latency_lines(runs)
+    lines += cached_tokens_lines(runs)
     lines += prefill_share_lines(runs)
     return "\n".join(lines)
+
+
+def seed_ratio_lines(runs: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+    """Each policy's average job over the baseline's, seed by seed. An engine run
+    without ``--vary-seed`` ran one draw (its workload's seed) every round: the twin's
+    figure for that seed, not the mean over seeds, is the one to set beside it."""
+    seeds = [s["seed"] for s in runs[baseline]]
+    if len(seeds) < 2:
+        return []
+    lines = [f"{f'/ {baseline}, by seed':<36}" + "".join(f"{seed:>7}" for seed in seeds)]
+    for policy, summaries in runs.items():
+        if policy != baseline:
+            lines.append(f"{policy:<36}" + "".join(
+                f"{s['avg_duration_s'] / b['avg_duration_s']:>7.3f}"
+                for s, b in zip(summaries, runs[baseline], strict=True)))
+    return lines
 
 
 def prefill_share_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -237,17 +255,37 @@ def turn_latency_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Each policy's average time from a turn's request to its last token, by the
     turn's place in its job, over the seeds: the engine benchmark's "turn latency"
     table (there the client's clock, so also the time outside vLLM)."""
+    return _by_turn_lines(runs, "turn latency s", lambda s, turn: (
+        s["per_turn_avg_latency_ms"][turn] / 1e3
+        if turn in (s.get("per_turn_avg_latency_ms") or {}) else None), digits=2)
+
+
+def cached_tokens_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each policy's prompt tokens a turn found cached, by turn, over the seeds: the
+    engine benchmark's "cached tokens" table (what the pins kept for the job's return)."""
+    def cached(s: dict[str, Any], turn: str) -> float | None:
+        rate = (s.get("per_turn_prefix_cache_hit_rate") or {}).get(turn)
+        prompt = (s.get("per_turn_avg_prompt_tokens") or {}).get(turn)
+        return None if rate is None or prompt is None else rate * prompt
+
+    return _by_turn_lines(runs, "cached tokens", cached, digits=0)
+
+
+def _by_turn_lines(runs: dict[str, list[dict[str, Any]]], title: str,
+                   figure: Any, digits: int) -> list[str]:
+    """A table of ``figure(summary, turn)`` by turn, each cell averaged over the seeds
+    that have it; no table when no seed has any turn."""
     turns = sorted({int(turn) for summaries in runs.values() for s in summaries
                     for turn in s.get("per_turn_avg_latency_ms") or {}})
     if not turns:
         return []
-    lines = [f"{'turn latency s':<36}" + "".join(f"{turn:>7}" for turn in turns)]
+    lines = [f"{title:<36}" + "".join(f"{turn:>7}" for turn in turns)]
     for policy, summaries in runs.items():
         cells = []
         for turn in turns:
-            values = [s["per_turn_avg_latency_ms"][str(turn)] for s in summaries
-                      if str(turn) in (s.get("per_turn_avg_latency_ms") or {})]
-            cells.append(f"{statistics.fmean(values) / 1e3:>7.2f}" if values else f"{'-':>7}")
+            values = [value for s in summaries
+                      if (value := figure(s, str(turn))) is not None]
+            cells.append(f"{statistics.fmean(values):>7.{digits}f}" if values else f"{'-':>7}")
         lines.append(f"{policy:<36}" + "".join(cells))
     return lines
 
@@ -258,7 +296,7 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
             "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
-            "prefill_share")
+            "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}

@@ -85,13 +85,15 @@ def test_rounds_are_merged_key_by_key_with_the_latency_of_each_turn() -> None:
                 "vllm_mean_s": {"queue": queue_s},
                 "client_request_mean_s": client_s,
                 "reports_carried": {"clock": 4.0},
-                "per_turn": {"1": {"avg_latency_s": turn1_s},
-                             "2": {"avg_latency_s": 0.5}}}
+                "per_turn": {"1": {"avg_latency_s": turn1_s, "avg_cached_tokens": 0},
+                             "2": {"avg_latency_s": 0.5,
+                                   "avg_cached_tokens": 100 * job_s}}}
 
     merged = aggregate([round_(4.0, 0.3, 0.1), round_(6.0, 0.5, None)])
     assert merged["avg_job_duration_s"] == 5.0
     assert merged["avg_job_duration_s_range"] == [4.0, 6.0]
     assert merged["turn_latency_s"] == {"1": 0.4, "2": 0.5}
+    assert merged["turn_cached_tokens"] == {"1": 0, "2": 500.0}
     # A round without a figure (vLLM observed no request) does not drag the mean.
     assert merged["vllm_mean_s"] == {"queue": 0.1}
     assert merged["reports_carried"] == {"clock": 4.0}

@@ -9,9 +9,11 @@ import pytest
 
 from benchmarks.twin.cpu import (
     CpuSetup,
+    cached_tokens_lines,
     prefill_share,
     prefill_share_lines,
     report,
+    seed_ratio_lines,
     turn_latency_lines,
 )
 
@@ -43,6 +45,19 @@ def test_a_seed_without_a_learned_cost_leaves_the_column_empty() -> None:
     assert _line(report(CpuSetup(), runs, "fcfs"), "adaptive").endswith(" -")
 
 
+def test_each_seeds_ratio_is_printed_for_the_engine_runs_one_draw() -> None:
+    runs = {"fcfs": [_summary(0, 10.0, None), _summary(1, 8.0, None)],
+            "adaptive": [_summary(0, 10.5, None), _summary(1, 6.0, None)]}
+    text = report(CpuSetup(), runs, "fcfs")
+    header, adaptive = seed_ratio_lines(runs, "fcfs")
+    assert header.split()[-2:] == ["0", "1"]
+    assert adaptive.split() == ["adaptive", "1.050", "0.750"]
+    # The mean over seeds hides that seed 0, the engine's default draw, lost.
+    assert "0.900 +- 0.150" in _line(text, "adaptive")
+    assert seed_ratio_lines({"fcfs": runs["fcfs"][:1], "adaptive": runs["adaptive"][:1]},
+                            "fcfs") == []
+
+
 def test_turn_latencies_are_averaged_over_the_seeds_in_seconds() -> None:
     runs = {"fcfs": [_summary(0, 10.0, None, {"1": 800, "2": 1000}),
                      _summary(1, 10.0, None, {"1": 1000, "2": 1200})],
@@ -52,6 +67,21 @@ def test_turn_latencies_are_averaged_over_the_seeds_in_seconds() -> None:
     assert header.split()[-2:] == ["1", "2"]
     assert fcfs.split()[-2:] == ["0.90", "1.10"]
     assert adaptive.split()[-2:] == ["1.30", "0.70"]  # turn 2: the one seed that had it
+
+
+def test_cached_tokens_are_each_turns_hit_rate_of_its_prompt_over_the_seeds() -> None:
+    def seed(job_s: float, rates: dict[str, float]) -> dict[str, Any]:
+        return {**_summary(0, job_s, None, {"1": 500, "2": 700}),
+                "per_turn_prefix_cache_hit_rate": rates,
+                "per_turn_avg_prompt_tokens": {"1": 100, "2": 1000}}
+
+    runs = {"fcfs": [seed(10.0, {"1": 0.0, "2": 0.1}), seed(10.0, {"1": 0.0, "2": 0.3})],
+            "adaptive": [seed(9.0, {"1": 0.0, "2": 0.5}), seed(9.0, {"1": 0.0})]}
+    header, fcfs, adaptive = cached_tokens_lines(runs)
+    assert header.split()[:2] == ["cached", "tokens"]
+    assert fcfs.split()[-2:] == ["0", "200"]
+    assert adaptive.split()[-2:] == ["0", "500"]  # turn 2: the one seed that had it
+    assert "cached tokens" in report(CpuSetup(), runs, "fcfs")
 
 
 def test_no_turn_latencies_print_no_table() -> None:
