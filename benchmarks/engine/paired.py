@@ -4,6 +4,11 @@ policy's decisions can change) or outside it (HTTP, the API server and the clien
 sharing the machine's cores).
 
     .venv/bin/python -m benchmarks.engine.paired runs/a.json runs/b.json --baseline fcfs
+        [--exclude runs/b.json:1]
+
+``--exclude FILE:ROUND`` leaves out a round something else on the machine disturbed (a
+test suite run beside the benchmark: the README says which and why), so the pooled
+figure with and without it can both be re-made from the committed files.
 
 A 2% difference in the average job is about what the rounds' spread hides: a round's
 job time is mostly its tools' sleeps and the client's time outside vLLM, which varies
@@ -108,12 +113,32 @@ def estimate(values: Sequence[float]) -> Estimate:
     return Estimate(statistics.mean(values), stderr, len(values))
 
 
-def load_rounds(paths: Sequence[Path]) -> list[Round]:
-    """Every round of every run, each as ``{policy: result}``. Rounds pair only within
-    a run (its policies ran back to back); a policy missing from a run is missing from
-    its rounds."""
+def parse_excluded(specs: Sequence[str], paths: Sequence[Path]) -> dict[int, set[int]]:
+    """``--exclude FILE:ROUND`` (ROUND counted from 1, as the benchmark prints it) as
+    {index of the file among ``paths``: {round indexes from 0}}."""
+    excluded: dict[int, set[int]] = {}
+    for spec in specs:
+        name, colon, number = spec.rpartition(":")
+        matches = [i for i, path in enumerate(paths) if str(path) == name]
+        if not colon or not number.isdigit() or int(number) < 1:
+            raise ValueError(f"--exclude {spec!r}: not FILE:ROUND with ROUND from 1")
+        if not matches:
+            raise ValueError(f"--exclude {spec!r}: {name!r} is not one of the results given")
+        for index in matches:
+            excluded.setdefault(index, set()).add(int(number) - 1)
+    return excluded
+
+
+def load_rounds(paths: Sequence[Path],
+                excluded: dict[int, set[int]] | None = None) -> list[Round]:
+    """Every round of every run, each as ``{policy: result}``, less the ``excluded``
+    ones (by file index, then round index; a round disturbed by something else the
+    machine ran, named on the command line so the pooled figure can be re-made). Rounds
+    pair only within a run (its policies ran back to back); a policy missing from a run
+    is missing from its rounds."""
+    excluded = excluded or {}
     rounds: list[Round] = []
-    for path in paths:
+    for file_index, path in enumerate(paths):
         try:
             policies = json.loads(path.read_text())["policies"]
         except (OSError, ValueError, KeyError) as error:
@@ -121,9 +146,13 @@ def load_rounds(paths: Sequence[Path]) -> list[Round]:
         counts = {policy: len(result["rounds"]) for policy, result in policies.items()}
         if len(set(counts.values())) > 1:
             raise ValueError(f"{path}: policies ran different numbers of rounds: {counts}")
-        for index in range(min(counts.values(), default=0)):
-            rounds.append({policy: result["rounds"][index]
-                           for policy, result in policies.items()})
+        total = min(counts.values(), default=0)
+        if any(index >= total for index in excluded.get(file_index, ())):
+            raise ValueError(f"{path}: --exclude names a round past its {total}")
+        for index in range(total):
+            if index not in excluded.get(file_index, ()):
+                rounds.append({policy: result["rounds"][index]
+                               for policy, result in policies.items()})
     return rounds
 
 
@@ -182,6 +211,33 @@ def job_ratio(rounds: Sequence[Round], policy: str, baseline: str) -> Estimate:
                      for r in rounds if policy in r and baseline in r])
 
 
+@dataclass(frozen=True, slots=True)
+class GeometricRatio:
+    """The rounds' ratios averaged on a log scale: ``exp(mean(log ratio))``, and the
+    factor one standard error of that mean multiplies or divides it by."""
+
+    ratio: float
+    factor: float
+    rounds: int
+
+    @property
+    def upper95(self) -> float:
+        return self.ratio * self.factor ** t_quantile95(self.rounds - 1)
+
+
+def geometric_job_ratio(rounds: Sequence[Round], policy: str, baseline: str
+                        ) -> GeometricRatio:
+    """The policy's average job over the baseline's, paired by round and averaged on a
+    log scale. The plain mean of ratios leans above 1 by about half their variance
+    whichever policy is on top: where rounds spread by 25-30% (the seventeenth VM), A /
+    B and B / A both read 3-4% above 1. The geometric mean is the same comparison read
+    either way round (A / B is 1 over B / A)."""
+    logs = [math.log(r[policy]["avg_job_duration_s"] / r[baseline]["avg_job_duration_s"])
+            for r in rounds if policy in r and baseline in r]
+    spread = estimate(logs)
+    return GeometricRatio(math.exp(spread.mean), math.exp(spread.stderr), spread.rounds)
+
+
 def request_split(rounds: Sequence[Round], policy: str, baseline: str
                   ) -> dict[str, Estimate]:
     """Per request, the policy's seconds minus the baseline's, paired by round, for
@@ -230,6 +286,10 @@ def report(rounds: Sequence[Round], baseline: str) -> str:
         lines.append(f"\n{policy} / {baseline}, average job: {ratio.mean:.3f} +- "
                      f"{ratio.stderr:.3f} (one-sided 95% bound {ratio.upper95:.3f}, "
                      f"{ratio.rounds} rounds)")
+        geometric = geometric_job_ratio(rounds, policy, baseline)
+        lines.append(f"  geometric mean {geometric.ratio:.3f} x/ {geometric.factor:.3f} "
+                     f"(bound {geometric.upper95:.3f}; read either way round, 1 / that of "
+                     f"{baseline} / {policy})")
         lines.append(f"  {f'ms a request, {policy} - {baseline}':<34}{'mean':>8}{'stderr':>9}"
                      f"{'95% bound':>11}{f'x{turns:g} turns':>12}")
         for name, difference in request_split(rounds, policy, baseline).items():
@@ -255,9 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path,
                         help="engine.json files written by python -m benchmarks.engine")
     parser.add_argument("--baseline", default="fcfs")
+    parser.add_argument("--exclude", action="append", default=[], metavar="FILE:ROUND",
+                        help="leave out that round of that file (from 1, as the benchmark "
+                             "numbers them): one something else on the machine disturbed")
     args = parser.parse_args(argv)
     try:
-        rounds = load_rounds(args.results)
+        rounds = load_rounds(args.results, parse_excluded(args.exclude, args.results))
     except ValueError as error:
         parser.error(str(error))
     paired = [r for r in rounds if args.baseline in r]

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.engine.paired import (
     SpeedAdjusted,
+    geometric_job_ratio,
     job_ratio,
     load_rounds,
     main,
@@ -104,7 +105,51 @@ def test_the_report_prints_the_ratio_and_the_split(tmp_path: Path,
     out = capsys.readouterr().out
     assert "2 paired rounds; baseline fcfs" in out
     assert "adaptive / fcfs, average job: 1.050 +- 0.050" in out
+    assert "geometric mean 1.049 x/ 1.049" in out  # sqrt(1.1): ratios 1.1 and 1.0
     assert "outside vllm" in out and "x8 turns" in out
+
+
+def test_the_geometric_mean_reads_the_same_either_way_round(tmp_path: Path) -> None:
+    # One round adaptive is twice as slow, the next twice as fast: no difference,
+    # which the plain mean of ratios misses both ways (1.25 and 1.25).
+    rounds = load_rounds([_write_run(tmp_path / "run.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014), _round(8.0, 0.15, 0.08, 0.014)],
+        "adaptive": [_round(8.0, 0.15, 0.08, 0.014), _round(4.0, 0.15, 0.08, 0.014)]})])
+    assert job_ratio(rounds, "adaptive", "fcfs").mean == 1.25
+    assert job_ratio(rounds, "fcfs", "adaptive").mean == 1.25
+    geometric = geometric_job_ratio(rounds, "adaptive", "fcfs")
+    assert math.isclose(geometric.ratio, 1.0)
+    assert math.isclose(geometric.factor, 2.0)  # the log ratios +-log 2: stderr log 2
+    assert geometric.upper95 > 2.0
+
+    steady = load_rounds([_write_run(tmp_path / "steady.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014), _round(8.0, 0.15, 0.08, 0.014)],
+        "adaptive": [_round(4.4, 0.15, 0.08, 0.014), _round(8.8, 0.15, 0.08, 0.014)]})])
+    forward = geometric_job_ratio(steady, "adaptive", "fcfs")
+    backward = geometric_job_ratio(steady, "fcfs", "adaptive")
+    assert math.isclose(forward.ratio, 1.1) and math.isclose(backward.ratio, 1 / 1.1)
+
+
+def test_a_disturbed_round_named_on_the_command_line_is_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _write_run(tmp_path / "run.json", {
+        "fcfs": [_round(4.0, 0.15, 0.08, 0.014), _round(4.0, 0.15, 0.08, 0.014),
+                 _round(4.2, 0.15, 0.08, 0.014)],
+        # Round 1: something else on the machine doubled adaptive's jobs.
+        "adaptive": [_round(8.0, 0.6, 0.08, 0.016), _round(4.4, 0.17, 0.08, 0.016),
+                     _round(4.2, 0.16, 0.08, 0.016)]})
+    assert main([str(run), "--exclude", f"{run}:1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 paired rounds; baseline fcfs" in out
+    assert "adaptive / fcfs, average job: 1.050 +- 0.050" in out
+
+    for spec, error in ((f"{run}:0", "not FILE:ROUND with ROUND from 1"),
+                        (f"{run}:x", "not FILE:ROUND with ROUND from 1"),
+                        ("other.json:1", "'other.json' is not one of the results given"),
+                        (f"{run}:4", "names a round past its 3")):
+        with pytest.raises(SystemExit):
+            main([str(run), "--exclude", spec])
+        assert error in capsys.readouterr().err
 
 
 def test_the_first_token_tail_is_paired_by_round_where_it_was_timed(tmp_path: Path) -> None:
