@@ -608,7 +608,7 @@ def main() -> int:
         runs: dict[str, list[dict[str, Any]]] = {policy: [] for policy in policies}
         for round_index, seed in enumerate(seeds):
             workload = workload_of(seed)
-            turns = sum(len(job.turns) for job in workload.jobs)
+            round_turns = sum(len(job.turns) for job in workload.jobs)
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
                 daemon.start(policy.split("@")[0], *policy_params(policy, measured))
@@ -618,16 +618,16 @@ def main() -> int:
                 assert daemon.process is not None
                 load = DaemonLoad(daemon.process.pid, metrics_url)
                 engine_cpu = ProcessCpu(process.pid)
-                waits = RunQueueWait(process.pid)
+                queue_waits = RunQueueWait(process.pid)
                 share = PrefillShareSampler(partial(daemon_gauges, metrics_url))
                 share.start()
-                with tqdm(total=turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
+                with tqdm(total=round_turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
                           unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
                 runs[policy].append({**run, **load.delta(), "seed": seed,
                                      "prefill_share": share.finish(saturated_at(policy)),
                                      "engine_cpu_s": engine_cpu.delta(),
-                                     "run_queue_wait_s": waits.delta()})
+                                     "run_queue_wait_s": queue_waits.delta()})
         results = {policy: aggregate(policy_runs) for policy, policy_runs in runs.items()}
         # Lower is better: a policy's average job over the baseline's, round by round.
         paired = {baseline: paired_ratios(runs, baseline) for baseline in policies}

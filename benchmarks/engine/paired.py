@@ -222,7 +222,7 @@ class GeometricRatio:
 
     @property
     def upper95(self) -> float:
-        return self.ratio * self.factor ** t_quantile95(self.rounds - 1)
+        return self.ratio * math.pow(self.factor, t_quantile95(self.rounds - 1))
 
 
 def geometric_job_ratio(rounds: Sequence[Round], policy: str, baseline: str
