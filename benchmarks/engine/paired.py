@@ -119,9 +119,9 @@ def parse_excluded(specs: Sequence[str], paths: Sequence[Path]) -> dict[int, set
     excluded: dict[int, set[int]] = {}
     for spec in specs:
         name, colon, number = spec.rpartition(":")
-        matches = [i for i, path in enumerate(paths) if str(path) == name]
         if not colon or not number.isdigit() or int(number) < 1:
             raise ValueError(f"--exclude {spec!r}: not FILE:ROUND with ROUND from 1")
+        matches = [i for i, path in enumerate(paths) if str(path) == name]
         if not matches:
             raise ValueError(f"--exclude {spec!r}: {name!r} is not one of the results given")
         for index in matches:
@@ -147,10 +147,11 @@ def load_rounds(paths: Sequence[Path],
         if len(set(counts.values())) > 1:
             raise ValueError(f"{path}: policies ran different numbers of rounds: {counts}")
         total = min(counts.values(), default=0)
-        if any(index >= total for index in excluded.get(file_index, ())):
+        skipped = excluded.get(file_index, set())
+        if any(index >= total for index in skipped):
             raise ValueError(f"{path}: --exclude names a round past its {total}")
         for index in range(total):
-            if index not in excluded.get(file_index, ()):
+            if index not in skipped:
                 rounds.append({policy: result["rounds"][index]
                                for policy, result in policies.items()})
     return rounds

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -272,7 +272,8 @@ def cached_tokens_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def _by_turn_lines(runs: dict[str, list[dict[str, Any]]], title: str,
-                   figure: Any, digits: int) -> list[str]:
+                   figure: Callable[[dict[str, Any], str], float | None],
+                   digits: int) -> list[str]:
     """A table of ``figure(summary, turn)`` by turn, each cell averaged over the seeds
     that have it; no table when no seed has any turn."""
     turns = sorted({int(turn) for summaries in runs.values() for s in summaries
