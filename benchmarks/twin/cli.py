@@ -481,6 +481,12 @@ def _parser() -> argparse.ArgumentParser:
     cpu.add_argument("--answer-lag-steps", type=int,
                      help="the daemon's answers land this many steps after the next "
                           "(default 0, or --like's run's median lag less 1)")
+    cpu.add_argument("--answer-lag-drawn", action="store_true",
+                     help="draw each answer's lag to land as --like's run's answers did for "
+                          "the policy (their spread, not their median)")
+    cpu.add_argument("--answer-lag-tail-steps", type=float,
+                     help="with --answer-lag-drawn: mean steps past the run's last lag "
+                          "bucket (7 or more) its draws go on (default: fitted)")
     cpu.add_argument("--out", type=Path, help="write the per-seed figures here (JSON)")
 
     workload = commands.add_parser("workload", help="generate or check a workload file")
@@ -513,9 +519,22 @@ def cmd_cpu(args: argparse.Namespace) -> int:
                            blocks=args.blocks, step_s=args.step_s,
                            prefill_s_per_token=args.prefill_s_per_token,
                            attention_s_per_pair=args.attention_s_per_pair, gap_s=args.gap_s,
-                           answer_lag_steps=args.answer_lag_steps)
+                           answer_lag_steps=args.answer_lag_steps,
+                           draw_answer_lag=args.answer_lag_drawn or None,
+                           answer_lag_tail_steps=args.answer_lag_tail_steps)
     if setup.answer_lag_steps < 0:
         raise SystemExit(f"--answer-lag-steps: {setup.answer_lag_steps} must be >= 0")
+    if setup.answer_lag_tail_steps is not None and not setup.answer_lag_tail_steps >= 0.0:
+        raise SystemExit(f"--answer-lag-tail-steps: {setup.answer_lag_tail_steps} must be "
+                         ">= 0")
+    if args.answer_lag_tail_steps is not None and not setup.draw_answer_lag:
+        raise SystemExit("--answer-lag-tail-steps: only with --answer-lag-drawn")
+    if setup.draw_answer_lag and args.answer_lag_steps is not None:
+        raise SystemExit("--answer-lag-drawn: draws every answer's lag; drop "
+                         "--answer-lag-steps")
+    if setup.draw_answer_lag and not setup.like_answer_lags:
+        raise SystemExit("--answer-lag-drawn: needs --like with a run that recorded its "
+                         "answers by lag (answers_by_lag_steps)")
     if not setup.attention_s_per_pair >= 0.0:
         raise SystemExit(f"--attention-s-per-pair: {setup.attention_s_per_pair} must be >= 0")
     policies = [p for p in args.policies.split(",") if p]

@@ -23,14 +23,16 @@ cores the engine shares).
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.twin import workload as wl
+from benchmarks.twin.lag import FittedLag
 from benchmarks.twin.steptime import StepTimeModel
 
 
@@ -60,6 +62,18 @@ class CpuSetup:
     # Steps the daemon's answers land after the next one (the twin's default: none;
     # an engine whose answers take a median of k steps: k - 1).
     answer_lag_steps: int = 0
+    # Instead, each answer applied a number of steps after its report drawn for the
+    # policy from the --like run's lags (benchmarks.twin.lag: the lags that, kept in
+    # order, land as the run's did); the draws past the run's last bucket (7 steps or
+    # more) go on a geometric number of steps with mean ``answer_lag_tail_steps``
+    # (None: fitted to the run's lags too). ``like_answer_lags``: the run's answers by
+    # lag, {policy: [answers applied k steps late, k = 0, 1, ...]}, a round's.
+    draw_answer_lag: bool = False
+    answer_lag_tail_steps: float | None = None
+    like_answer_lags: dict[str, list[float]] = field(default_factory=dict)
+    # The --like run's steps on vLLM's own behaviour for want of a fresh answer, a
+    # round's, by policy: what a drawn lag's tail can be matched to.
+    like_fallback_steps: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
@@ -85,7 +99,36 @@ class CpuSetup:
             prefill_s_per_token=run.get("learned_prefill_s_per_token")
             or cls.prefill_s_per_token,
             gap_s=max(outside_s, 0.0) if outside_s is not None else 0.0,
-            answer_lag_steps=max(lag_steps - 1, 0) if lag_steps is not None else 0)
+            answer_lag_steps=max(lag_steps - 1, 0) if lag_steps is not None else 0,
+            like_answer_lags={policy: lags for policy, policy_run in data["policies"].items()
+                              if (lags := _answer_lags(policy_run))},
+            like_fallback_steps={policy: float(policy_run["fallback_steps"])
+                                 for policy, policy_run in data["policies"].items()
+                                 if policy_run.get("fallback_steps") is not None})
+
+    def answer_lag(self, policy: str, seed: int) -> int | Callable[[], int]:
+        """What holds the policy's answers back: a fixed number of steps, or a draw
+        fitted to the --like run's lags for it (for its name without parameters, or
+        else for the baseline FCFS)."""
+        if not self.draw_answer_lag:
+            return self.answer_lag_steps
+        from benchmarks.twin.lag import DrawnLag
+
+        fitted = self.fitted_lag(policy)
+        return DrawnLag(fitted.draw_shares, fitted.tail_mean_steps, seed)
+
+    def fitted_lag(self, policy: str) -> FittedLag:
+        lags = self.lags_of(policy)
+        if lags is None:
+            raise ValueError(f"{policy}: no answers by lag to draw from (the --like run "
+                             "recorded none)")
+        return _fit_lag(tuple(lags), self.answer_lag_tail_steps)
+
+    def lags_of(self, policy: str) -> list[float] | None:
+        for name in (policy, policy.split("@")[0], "fcfs"):
+            if name in self.like_answer_lags:
+                return self.like_answer_lags[name]
+        return None
 
     def workload(self, seed: int) -> wl.Workload:
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
@@ -96,6 +139,23 @@ class CpuSetup:
         return StepTimeModel(fixed_s=self.step_s, prefill_s_per_token=self.prefill_s_per_token,
                              decode_s_per_seq=self.decode_s_per_seq, kv_read_s_per_token=0.0,
                              attention_s_per_pair=self.attention_s_per_pair)
+
+
+@functools.cache
+def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None) -> FittedLag:
+    """A run's lags fitted once per process (a few seconds each)."""
+    from benchmarks.twin.lag import TAIL_MEANS_STEPS, fit
+
+    return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,))
+
+
+def _answer_lags(run: dict[str, Any]) -> list[float] | None:
+    """A run's answers by lag as a list (index: steps late), or None where it recorded
+    none."""
+    by_lag = {int(lag): float(n) for lag, n in (run.get("answers_by_lag_steps") or {}).items()}
+    if sum(by_lag.values()) <= 0:
+        return None
+    return [by_lag.get(lag, 0.0) for lag in range(max(by_lag) + 1)]
 
 
 def engine_config(setup: CpuSetup) -> Any:
@@ -120,7 +180,7 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     clock = VirtualClock()
     with running_daemon(name, params) as daemon:
         scheduler = build_engine(name, config, clock, daemon.address,
-                                 setup.answer_lag_steps)
+                                 setup.answer_lag(policy, seed))
         try:
             result = simulate(workload, scheduler, setup.step_model(), config, clock)
             learned = learned_step_costs(daemon.address)
@@ -128,6 +188,8 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
             scheduler.shutdown()
     summary = summarize(result, policy, setup.jobs_per_s)
     summary["seed"] = seed
+    summary["answers_by_lag_steps"] = result.answers_by_lag_steps
+    summary["fallback_steps"] = result.plugin_counters.get("fallback_steps")
     # The prompt token's cost the daemon learned from the twin's steps, as the engine
     # benchmark records it: with an attention term it depends on the contexts the
     # policy's tokens were computed after.
@@ -187,7 +249,8 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
              f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM, step "
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
              f"token + {setup.attention_s_per_pair:.2e} s an attention pair, answers "
-             f"{setup.answer_lag_steps} step(s) late",
+             + ("late as the --like run's (drawn, below)" if setup.draw_answer_lag
+                else f"{setup.answer_lag_steps} step(s) late"),
              f"{'policy':<36}{'avg job s':>10}{'hits':>8}{'pinned blocks':>15}"
              f"{'provisional':>13}{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"
              f"{'learned s/token / its':>24}"]
@@ -214,7 +277,46 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
     lines += turn_latency_lines(runs)
     lines += cached_tokens_lines(runs)
     lines += prefill_share_lines(runs)
+    lines += answer_lag_lines(setup, runs)
     return "\n".join(lines)
+
+
+def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each policy's answers by how many steps late the plugin applied them (shares of
+    its answers, over the seeds) and its fallback steps a run, beside the --like run's
+    (a round's), and with drawn lags what was drawn (the fit's tail and error): how
+    close the twin's lag is to the engine's."""
+    rows: list[tuple[str, list[float], float | None]] = []
+    notes = []
+    for policy, summaries in runs.items():
+        counts = [s["answers_by_lag_steps"] for s in summaries if s.get("answers_by_lag_steps")]
+        if counts:
+            summed = [float(sum(column)) for column in zip(*counts, strict=True)]
+            fallbacks = [s["fallback_steps"] for s in summaries
+                         if s.get("fallback_steps") is not None]
+            rows.append((f"{policy} (twin)", summed,
+                         statistics.fmean(fallbacks) if fallbacks else None))
+        lags = setup.like_answer_lags.get(policy)
+        if lags:
+            rows.append((f"{policy} (--like run)", lags, setup.like_fallback_steps.get(policy)))
+        if setup.draw_answer_lag and setup.lags_of(policy) is not None:
+            fitted = setup.fitted_lag(policy)
+            notes.append(f"  {policy}: drawn " + " ".join(
+                f"{share:.1%}" for share in fitted.draw_shares)
+                + f", the last bucket + {fitted.tail_mean_steps:g} steps on average; kept "
+                  f"in order they land within {fitted.error:.1%} of the run's")
+    if not rows:
+        return []
+    buckets = max(len(shares) for _name, shares, _fallback in rows)
+    lines = [f"{'answers by steps late':<36}"
+             + "".join(f"{f'{k}+' if k == buckets - 1 else k:>7}" for k in range(buckets))
+             + f"{'fallback steps':>16}"]
+    for name, shares, fallback in rows:
+        answers = sum(shares) or 1.0
+        lines.append(f"{name:<36}" + "".join(
+            f"{(shares[k] if k < len(shares) else 0.0) / answers:>7.1%}" for k in range(buckets))
+            + (f"{fallback:>16.0f}" if fallback is not None else f"{'-':>16}"))
+    return lines + notes
 
 
 def seed_ratio_lines(runs: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
@@ -297,7 +399,8 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
     keep = ("seed", "avg_duration_s", "p95_duration_s", "prefix_cache_hit_rate",
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
             "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
-            "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share")
+            "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share",
+            "answers_by_lag_steps", "fallback_steps")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}

@@ -127,6 +127,7 @@ def summarize(result: SimResult, policy: str, jobs_per_s: float) -> dict[str, An
             "pins_at_end": result.pins_at_end,
             "leaked_blocks": result.leaked_blocks,
             "plugin_counters": result.plugin_counters,
+            "answers_by_lag_steps": result.answers_by_lag_steps,
         },
         # Every 0.5 s of virtual time: [t_s, running, waiting, pinned_blocks, pins,
         # free_blocks, kv_usage, jobs_in_flight].

@@ -102,6 +102,9 @@ class SimResult:
     plugin_counters: dict[str, int] = field(default_factory=dict)
     # KV block-seconds finished turns' blocks waited for the daemon's word on a pin.
     provisional_block_s: float = 0.0
+    # The daemon's answers the plugin applied, by steps after their report (its
+    # ``answers_by_lag_steps``: index k, k steps; the last bucket, that many or more).
+    answers_by_lag_steps: list[int] = field(default_factory=list)
     pins_at_end: int = 0
     leaked_blocks: int = 0
 
@@ -135,7 +138,7 @@ def _plugin_env(address: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _answer_every_report(agent: Any, lag_steps: int = 0) -> None:
+def _answer_every_report(agent: Any, lag_steps: int | Callable[[], int] = 0) -> None:
     """Make every decision arrive before the engine's next look at the link.
 
     On a GPU the plugin sends its report at the end of a step and applies the answer
@@ -148,27 +151,46 @@ def _answer_every_report(agent: Any, lag_steps: int = 0) -> None:
 
     ``lag_steps`` > 0 holds each answer back that many more looks at the link: the
     daemon of a real CPU engine, whose steps take a few ms, answers a step or more
-    late (``benchmarks.engine`` records how many, ``answers_by_lag_steps``)."""
+    late (``benchmarks.engine`` records how many, ``answers_by_lag_steps``). A
+    callable (``benchmarks.twin.lag.DrawnLag``) instead draws, for each answer, the
+    steps after its report's step at which the plugin may apply it, as the engine
+    counts them; answers stay in the order they came down the stream, so one held
+    back holds back those after it, as a daemon waiting for a CPU does."""
     link = agent.link
     take = link.take_decisions
     deadline_s = agent.settings.deadline_s
-    held: deque[list[Any]] = deque()
+    # Fixed: (look it is released at, answers); drawn: (step it is released at, answer).
+    held: deque[tuple[int, list[Any]]] = deque()
+    looks = 0
 
     def take_decisions(wait_s: float) -> Any:
-        held.append(take(max(wait_s, deadline_s)))
+        nonlocal looks
+        looks += 1
+        taken = take(max(wait_s, deadline_s))
+        if callable(lag_steps):
+            now = agent.step_index
+            for answer in taken:
+                sent = agent._sent_at_step.get(answer.seq, now)
+                held.append((max(sent + lag_steps(), held[-1][0] if held else 0), [answer]))
+        else:
+            now = looks
+            if taken:
+                held.append((looks + lag_steps, taken))
         answers: list[Any] = []
-        while len(held) > lag_steps:
-            answers += held.popleft()
+        while held and held[0][0] <= now:
+            answers += held.popleft()[1]
         return answers
 
     link.take_decisions = take_decisions
 
 
 def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
-                 daemon_address: str | None, answer_lag_steps: int = 0) -> Any:
+                 daemon_address: str | None,
+                 answer_lag_steps: int | Callable[[], int] = 0) -> Any:
     """vLLM's Scheduler (``native``: its own FCFS policy) or kvtether's plugin scheduler
     connected to the daemon at ``daemon_address``, both on ``clock``; the daemon's
-    answers applied ``answer_lag_steps`` steps later than the next one."""
+    answers applied ``answer_lag_steps`` steps later than the next one (a callable:
+    drawn for each, ``benchmarks.twin.lag.DrawnLag``)."""
     from vllm_plugin.inprocess import build_scheduler
 
     common = dict(num_blocks=config.num_blocks, block_size=config.block_size,
@@ -364,6 +386,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
                                   ("fallback_steps", "resyncs", "local_pin_expiries",
                                    "idle_pin_releases")}
         result.provisional_block_s = counters.provisional_block_seconds
+        result.answers_by_lag_steps = [int(n) for n in counters.answers_by_lag_steps]
         agent.release_all_pins()
     result.leaked_blocks = start_free - pool.get_num_free_blocks()
     result.wall_s = time.perf_counter() - started

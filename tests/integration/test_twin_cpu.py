@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-            / "d077e0a-epyc-noavx512-rounds12.json")
+            / "d077e0a-epyc-noavx512-rounds12.json")  # before the answers' lag was recorded
+RUN_17 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
+          / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json")
 
 
 def _twin_cpu(*args: str) -> subprocess.CompletedProcess[str]:
@@ -86,3 +90,19 @@ def test_a_negative_answer_lag_is_named() -> None:
     done = _twin_cpu("--answer-lag-steps", "-1", "--seeds", "1")
     assert done.returncode != 0
     assert "--answer-lag-steps: -1 must be >= 0" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (("--answer-lag-drawn",), "--answer-lag-drawn: needs --like with a run that recorded"),
+    (("--like", str(REAL_RUN), "--answer-lag-drawn"),
+     "--answer-lag-drawn: needs --like with a run that recorded"),
+    (("--like", str(RUN_17), "--answer-lag-drawn", "--answer-lag-steps", "2"),
+     "--answer-lag-drawn: draws every answer's lag; drop --answer-lag-steps"),
+    (("--answer-lag-tail-steps", "3"), "--answer-lag-tail-steps: only with --answer-lag-drawn"),
+    (("--like", str(RUN_17), "--answer-lag-drawn", "--answer-lag-tail-steps=-1"),
+     "--answer-lag-tail-steps: -1.0 must be >= 0"),
+])
+def test_a_lag_that_cannot_be_drawn_is_named(args: tuple[str, ...], named: str) -> None:
+    done = _twin_cpu(*args, "--seeds", "1")
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr[-2000:]

@@ -1,15 +1,22 @@
 """How late the daemon's answers landed on a real engine, as ``benchmarks.engine``
-records it, and the twin's CPU setup taking that lag from a run (``--like``)."""
+records it, and the twin's CPU setup taking that lag from a run (``--like``): its
+median, or each answer's drawn from the run's histogram (``--answer-lag-drawn``)."""
 
 from __future__ import annotations
 
 import json
+import re
+import statistics
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from benchmarks.engine.paired import median_answer_lag_steps
-from benchmarks.twin.cpu import CpuSetup
+from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
+from benchmarks.twin.lag import DrawnLag, fit, in_order
+from benchmarks.twin.simulator import _answer_every_report
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
@@ -46,3 +53,114 @@ def test_the_twin_applies_a_runs_median_lag_less_the_step_it_always_waits(
     data["policies"]["fcfs"]["answers_by_lag_steps"] = {"0": 30, "1": 10}
     run.write_text(json.dumps(data))
     assert CpuSetup.like(run).answer_lag_steps == 0, "answers on time: nothing held back"
+
+
+
+RUN_17 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
+          / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json")
+
+
+def _lags(weights: list[float], tail_mean_steps: float, seed: int, n: int) -> list[int]:
+    draw = DrawnLag(weights, tail_mean_steps, seed)
+    return [draw() for _ in range(n)]
+
+
+def test_a_drawn_lag_follows_the_engines_histogram() -> None:
+    # A quarter of the answers applied 1 step after their report, three quarters 3.
+    lags = _lags([0, 10, 0, 30], 0.0, seed=1, n=4000)
+    assert set(lags) == {1, 3}
+    assert abs(lags.count(3) / len(lags) - 0.75) < 0.03
+    assert lags == _lags([0, 10, 0, 30], 0.0, seed=1, n=4000), "a seed draws the same"
+    assert lags != _lags([0, 10, 0, 30], 0.0, seed=2, n=4000)
+
+
+def test_the_last_buckets_draws_go_on_by_the_tails_mean() -> None:
+    # Every answer in the last bucket (7 steps or more): 7, plus the tail.
+    assert set(_lags([0] * 7 + [1], 0.0, seed=0, n=100)) == {7}
+    lags = _lags([0] * 7 + [1], 5.0, seed=0, n=20_000)
+    assert min(lags) == 7
+    assert abs(statistics.fmean(lags) - 12.0) < 0.3
+
+
+@pytest.mark.parametrize(("weights", "tail", "named"), [
+    ([], 0.0, "answers by lag []"),
+    ([0, 0], 0.0, "not all 0"),
+    ([1, -1], 0.0, "need counts >= 0"),
+    ([1, 1], -1.0, "tail mean -1.0 steps"),
+])
+def test_a_lag_that_cannot_be_drawn_is_named(weights: list[float], tail: float,
+                                             named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        DrawnLag(weights, tail, seed=0)
+
+
+def test_answers_kept_in_order_land_later_than_drawn() -> None:
+    # One report in 50 stalls the daemon 20 steps: the reports sent during the stall
+    # land with it, 19, 18, ... steps late.
+    landed = in_order([0, 49, 0, 0, 0, 0, 0, 1], tail_mean_steps=13.0, seed=3)
+    assert landed[1] < 0.98 * 49 / 50
+    assert sum(landed[3:7]) > 0.03, "the stall's last reports land 3-6 steps late"
+    assert landed[7] > 0.15
+
+
+def test_the_fit_recovers_the_lags_a_stalling_daemon_drew() -> None:
+    # A run recorded what a known process makes; the fit finds lags that land the
+    # same, and from the order alone, how long the stalls were.
+    drawn = [0.4, 0.15, 0.42, 0.0, 0.0, 0.0, 0.02, 0.01]
+    recorded = in_order(drawn, tail_mean_steps=16.0, steps=20_000, seed=7)
+    fitted = fit(recorded)
+    assert fitted.error < 0.01
+    assert fitted.tail_mean_steps in (12.0, 16.0, 24.0)
+    assert abs(fitted.draw_shares[7] - 0.01) < 0.005
+    # Without the tail no shares land as recorded: too many in 3-6, or too few at 7+.
+    assert fit(recorded, tail_means_steps=(0.0,)).error > 2 * fitted.error
+    with pytest.raises(ValueError, match="not all 0"):
+        fit([0.0, 0.0])
+
+
+def test_drawn_answers_land_steps_after_their_report_and_in_order() -> None:
+    # A report each step; the first's answer drawn 4 steps late, the rest 1: the second
+    # cannot overtake the first (one stream, in order), and none lands before its step.
+    agent = SimpleNamespace(step_index=0, _sent_at_step={},
+                            settings=SimpleNamespace(deadline_s=10.0))
+    sent: list[SimpleNamespace] = []
+    agent.link = SimpleNamespace(take_decisions=lambda wait_s: sent[-1:])
+    lags = iter([4, 1, 1, 1, 1, 1])
+    _answer_every_report(agent, lambda: next(lags))
+    applied = []
+    for step in range(1, 7):
+        agent.step_index = step
+        applied.append([answer.seq for answer in agent.link.take_decisions(0.0)])
+        sent.append(SimpleNamespace(seq=step))  # the report at this step's end...
+        agent._sent_at_step[step] = step  # ...answered by the next look
+    # Report 1 (step 1) is due at step 5; reports 2-4, due a step after theirs, wait
+    # behind it; report 5 lands on time.
+    assert applied == [[], [], [], [], [1, 2, 3, 4], [5]]
+
+
+def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
+    data = json.loads(RUN_17.read_text())
+    setup = replace(CpuSetup.like(RUN_17), draw_answer_lag=True)
+    adaptive = data["policies"]["adaptive"]
+    assert setup.like_answer_lags["adaptive"] == [
+        adaptive["answers_by_lag_steps"][str(k)] for k in range(8)]
+    assert setup.like_fallback_steps["adaptive"] == adaptive["fallback_steps"]
+    assert setup.lags_of("adaptive@provisional_cache=true") == setup.like_answer_lags["adaptive"]
+    # A policy the run did not have draws from FCFS's.
+    assert setup.lags_of("contextserve") == setup.like_answer_lags["fcfs"]
+    assert isinstance(setup.answer_lag("adaptive", seed=0), DrawnLag)
+    assert CpuSetup.like(RUN_17).answer_lag("adaptive", seed=0) == 1, "its median, 2, less 1"
+    with pytest.raises(ValueError, match="no answers by lag to draw from"):
+        CpuSetup(draw_answer_lag=True).answer_lag("fcfs", seed=0)
+
+
+def test_the_twins_lags_are_printed_beside_the_runs() -> None:
+    setup = CpuSetup(like_answer_lags={"fcfs": [0, 30, 10]},
+                     like_fallback_steps={"fcfs": 12.0})
+    runs = {"fcfs": [{"answers_by_lag_steps": [0, 10, 0], "fallback_steps": 0},
+                     {"answers_by_lag_steps": [0, 5, 5], "fallback_steps": 4}]}
+    header, twin, engine = answer_lag_lines(setup, runs)
+    assert header.split()[-5:] == ["0", "1", "2+", "fallback", "steps"]
+    assert twin.split() == ["fcfs", "(twin)", "0.0%", "75.0%", "25.0%", "2"]
+    assert engine.split() == ["fcfs", "(--like", "run)", "0.0%", "75.0%", "25.0%", "12"]
+    assert answer_lag_lines(CpuSetup(), {"fcfs": [{}]}) == []
