@@ -93,11 +93,15 @@ class Policy(
     # only for a policy that does.
     reads_waiting_demand: bool
 
-    def caches_provisional_pins(self, engine_id: str) -> bool:
+    def caches_provisional_pins(self, engine_id: str,
+                                late_answer_share: float | None = None) -> bool:
         """With pins_finished_requests: whether the engine keeps the blocks of the
         turns that finish before its next decision cached at the top retention
         priority instead of held, so that no allocation waits on the daemon's
-        answer (vllm_plugin/provisional.py). Asked once per decision."""
+        answer (vllm_plugin/provisional.py). Asked once per decision.
+        ``late_answer_share``: the share of the engine's recent answers it applied
+        3 or more steps after their report (sidecar/runtime/answer_lag.py; None
+        before any): how long what it holds waits on an answer."""
         ...
 
     def forget_engine(self, engine_id: str) -> None:

@@ -59,7 +59,8 @@ class NativePolicy:
             raise TypeError(f"{self.name} needs {self.params_model.__name__}, "
                             f"got {type(self.params)!r}")
 
-    def caches_provisional_pins(self, engine_id: str) -> bool:
+    def caches_provisional_pins(self, engine_id: str,
+                                late_answer_share: float | None = None) -> bool:
         """Held (False) or cached at the top retention priority (True) while the
         daemon decides on a pin (vllm_plugin/provisional.py)."""
         return False

@@ -130,7 +130,8 @@ class Decider:
         decision = pb.StepDecision(
             seq=seq, policy=self.policy.name,
             provisional_pins=self.policy.pins_finished_requests,
-            provisional_cache=self.policy.caches_provisional_pins(mirror.engine_id),
+            provisional_cache=self.policy.caches_provisional_pins(
+                mirror.engine_id, late_answer_share=mirror.answer_lags.late_share()),
             count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:

@@ -18,6 +18,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import retention_pb2
 from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
+from sidecar.runtime.answer_lag import RecentAnswerLags
 from sidecar.runtime.pin_outcomes import PinOutcomes
 from sidecar.runtime.steptime import PrefillRate
 
@@ -103,6 +104,8 @@ class EngineMirror:
         self.pins: dict[str, PinView] = {}
         self.pin_outcomes = PinOutcomes()
         self.counters = pb.EngineCounters()
+        # The lags of its recent answers, from the counters (answer_lag.py).
+        self.answer_lags = RecentAnswerLags()
         # The engine's step cost as learned so far (EngineRegistry sets it per report).
         self.engine_cost: EngineCost | None = None
         # Prompt tokens its steps computed a second, lately (EngineRegistry feeds it).
@@ -144,6 +147,7 @@ class EngineMirror:
             )
         if report.HasField("counters"):
             self.counters.CopyFrom(report.counters)
+            self.answer_lags.update(report.counters.answers_by_lag_steps)
         delta = ReportDelta()
         for new in report.new_requests:
             live = LiveRequest(

@@ -143,6 +143,26 @@ def test_auto_holds_finished_turns_while_most_recent_finishes_are_pinned() -> No
         "engine-0") is False
 
 
+def test_auto_caches_finished_turns_while_the_engines_answers_run_late() -> None:
+    """provisional_cache=auto caches, whatever the pin share, while a tenth or more of
+    the engine's recent answers landed 3 or more steps late: held, every finished
+    turn's blocks would wait out the daemon's stalls (waiting.py)."""
+    policy = build_policy("adaptive", {"provisional_cache": "auto"})
+    s = _short_memory()
+    for _ in range(3):
+        assert policy.on_finish(s.finish("r1", tool="ls", samples_s=FAST,
+                                         blocks=100)).action is RetainAction.PIN
+    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.0) is False
+    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.09) is False
+    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.1) is True
+    assert policy.caches_provisional_pins("engine-1", late_answer_share=0.3) is True, (
+        "late before any finish: cached")
+    assert policy.caches_provisional_pins("engine-0", late_answer_share=None) is False
+    # A mode set by hand is kept, late or not.
+    held = build_policy("adaptive", {"provisional_cache": "false"})
+    assert held.caches_provisional_pins("engine-0", late_answer_share=0.5) is False
+
+
 def _released_big_context(policy: Policy) -> None:
     """Job "big" held a pin of 10 of 24 blocks for ls, which ran past every sample:
     the pin is released (its context stays cached while the job is in its tool)."""

@@ -47,7 +47,7 @@ from sidecar.policies.adaptive.value import (
     recompute_s,
     retention_priority,
 )
-from sidecar.policies.adaptive.waiting import PinShare
+from sidecar.policies.adaptive.waiting import PinShare, answers_run_late
 from sidecar.policies.base import (
     NativePolicy,
     PolicyParams,
@@ -118,8 +118,9 @@ class AdaptiveParams(PolicyParams):
     # cached at the top retention priority (True) instead of holding them (False):
     # an answer that lands late then holds nothing, but admissions may take the
     # blocks before the pin lands (vllm_plugin/provisional.py; the adaptive README).
-    # "auto": hold while at least half of the recent finishes were pinned, else cache
-    # (waiting.py).
+    # "auto": cache while the engine applies a tenth or more of its answers 3 or more
+    # steps late; otherwise hold while at least half of the recent finishes were
+    # pinned, else cache (waiting.py).
     provisional_cache: bool | Literal["auto"] = "auto"
     # The engine is saturated by prefill while computing prompts takes at least this
     # share of its time (the last ~10 s, StepView.prefill_tokens_per_s x the prefill
@@ -517,10 +518,13 @@ class AdaptivePolicy(NativePolicy):
         return (self._forecast, self._admissions, self._arrival_order, self._fcfs_recompute,
                 self._released, self._released_forecast)
 
-    def caches_provisional_pins(self, engine_id: str) -> bool:
+    def caches_provisional_pins(self, engine_id: str,
+                                late_answer_share: float | None = None) -> bool:
         mode = self.params.provisional_cache
         if mode != "auto":
             return mode
+        if answers_run_late(late_answer_share):
+            return True
         share = self._pin_shares.get(engine_id)
         return share is not None and share.caches()
 

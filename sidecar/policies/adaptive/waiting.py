@@ -15,6 +15,15 @@ choice follows the policy's recent answers: while at least half of the recent no
 finishes were pinned, hold; below that, cache. The window counts finishes, not
 seconds, so that it reads the same at any load. The policy keeps one per engine: a
 saturated engine and an idle one behind the same daemon answer differently.
+
+Except while the answers run late: where a tenth or more of the engine's recent
+answers landed 3 or more steps after their report (a daemon waiting for a CPU on a
+saturated node), cache whatever the share. Held, every finished turn's blocks wait
+out that lag, pinned or not, and on a CPU engine a stall runs 10-30 steps (the twin's
+``--answer-lag-drawn``, fitted to the engines' recorded lags). Cached, an admission
+may take them before a late pin lands; that is what made caching lose in the sweeps
+(jobs sharing nothing at 3,000 blocks), where the answers land on time, and there
+this rule leaves the hold as it was (``ADAPTIVE.md`` items 23, 35 and 37).
 """
 
 from __future__ import annotations
@@ -26,6 +35,16 @@ from collections import deque
 WINDOW_FINISHES = 32
 # Hold while at least this share of them was pinned: the more likely answer decides.
 HOLD_AT_PIN_SHARE = 0.5
+# Cache, whatever the share, while at least this share of the engine's recent answers
+# landed late (sidecar/runtime/answer_lag.py: 3 or more steps after their report). A
+# GPU engine's, and the twin's sweeps', are ~0; the CPU engines' 26-33%.
+CACHE_AT_LATE_ANSWER_SHARE = 0.1
+
+
+def answers_run_late(late_answer_share: float | None) -> bool:
+    """Whether the engine's recent answers land late enough that holding a finished
+    turn's blocks for them costs more than caching them (None: none counted yet)."""
+    return late_answer_share is not None and late_answer_share >= CACHE_AT_LATE_ANSWER_SHARE
 
 
 class PinShare:

@@ -1,0 +1,57 @@
+"""How late an engine has lately applied the daemon's answers.
+
+The plugin counts the answers it applied by steps after their report
+(``EngineCounters.answers_by_lag_steps``, cumulative over its life; 1 is the design's
+lag, a report at a step's end answered at the next ``schedule()``). On a GPU, or
+wherever the daemon has a CPU to itself, nearly every answer lands within 1-2 steps.
+On a saturated CPU node the daemon waits for a CPU now and then, and 26-33% of the
+answers land 3 or more steps late (the engine benchmark's "answers by lag" table).
+Whatever the engine keeps waiting on an answer meanwhile is kept that much longer: a
+policy reads the recent share of late answers to choose a wait that costs less
+(``Policy.caches_provisional_pins``'s ``late_answer_share``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+# An answer applied this many steps after its report, or more, is late: one step is
+# the design's lag, two is a round trip that missed one step.
+LATE_ANSWER_STEPS = 3
+# Recent answers the share is read over: ~8 s of a busy CPU engine's reports, several
+# of its stalls (1-2% of its reports start one), so the share reads the node, not the
+# last stall. Over 64 answers it dropped below a tenth between stalls, and adaptive's
+# finished turns went back to being held (ADAPTIVE.md item 37).
+WINDOW_ANSWERS = 256
+
+
+class RecentAnswerLags:
+    """The lags of an engine's last ``window`` answers, from its cumulative counts."""
+
+    def __init__(self, window: int = WINDOW_ANSWERS) -> None:
+        self._lags: deque[int] = deque(maxlen=window)
+        self._counted: tuple[int, ...] = ()
+
+    def update(self, answers_by_lag_steps: Sequence[int]) -> None:
+        """Take the engine's cumulative counts from a report. Counts that went back
+        (a restarted plugin) start over from them."""
+        counts = tuple(answers_by_lag_steps)
+        if not counts:
+            return
+        if len(counts) != len(self._counted) or any(
+                now < before for now, before in zip(counts, self._counted, strict=True)):
+            self._counted = counts
+            return
+        # Within one report the order of the new answers is not known; a report adds
+        # one or two.
+        for lag, (now, before) in enumerate(zip(counts, self._counted, strict=True)):
+            self._lags.extend([lag] * min(now - before, self._lags.maxlen or 0))
+        self._counted = counts
+
+    def late_share(self, late_steps: int = LATE_ANSWER_STEPS) -> float | None:
+        """The share of the recent answers applied ``late_steps`` or more steps after
+        their report; None before any answer was counted."""
+        if not self._lags:
+            return None
+        return sum(1 for lag in self._lags if lag >= late_steps) / len(self._lags)
