@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.twin import workload as wl
-from benchmarks.twin.lag import FittedLag
+from benchmarks.twin.lag import TAIL_MEANS_STEPS, DrawnLag, FittedLag, fit
 from benchmarks.twin.steptime import StepTimeModel
 
 
@@ -72,7 +72,7 @@ class CpuSetup:
     answer_lag_tail_steps: float | None = None
     like_answer_lags: dict[str, list[float]] = field(default_factory=dict)
     # The --like run's steps on vLLM's own behaviour for want of a fresh answer, a
-    # round's, by policy: what a drawn lag's tail can be matched to.
+    # round's, by policy: printed beside the twin's (the report's lag table).
     like_fallback_steps: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -112,8 +112,6 @@ class CpuSetup:
         else for the baseline FCFS)."""
         if not self.draw_answer_lag:
             return self.answer_lag_steps
-        from benchmarks.twin.lag import DrawnLag
-
         fitted = self.fitted_lag(policy)
         return DrawnLag(fitted.draw_shares, fitted.tail_mean_steps, seed)
 
@@ -144,8 +142,6 @@ class CpuSetup:
 @functools.cache
 def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None) -> FittedLag:
     """A run's lags fitted once per process (a few seconds each)."""
-    from benchmarks.twin.lag import TAIL_MEANS_STEPS, fit
-
     return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,))
 
 

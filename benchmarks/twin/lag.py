@@ -23,6 +23,12 @@ from dataclasses import dataclass
 TAIL_MEANS_STEPS = (0.0, 1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
 
 
+def _check_counts(by_lag_steps: Sequence[float]) -> None:
+    if not by_lag_steps or sum(by_lag_steps) <= 0 or min(by_lag_steps) < 0:
+        raise ValueError(f"answers by lag {list(by_lag_steps)}: need counts >= 0, "
+                         "not all 0")
+
+
 class DrawnLag:
     """Steps after its report an answer may be applied, drawn from shares by lag.
 
@@ -32,9 +38,7 @@ class DrawnLag:
 
     def __init__(self, by_lag_steps: Sequence[float], tail_mean_steps: float,
                  seed: int) -> None:
-        if not by_lag_steps or sum(by_lag_steps) <= 0 or min(by_lag_steps) < 0:
-            raise ValueError(f"answers by lag {list(by_lag_steps)}: need counts >= 0, "
-                             "not all 0")
+        _check_counts(by_lag_steps)
         if not tail_mean_steps >= 0:
             raise ValueError(f"tail mean {tail_mean_steps} steps: must be >= 0")
         self.weights = list(by_lag_steps)
@@ -84,9 +88,8 @@ def fit(recorded: Sequence[float], tail_means_steps: Sequence[float] = TAIL_MEAN
     steps late) did: for each tail mean, the shares are rescaled by recorded over
     landed until they settle (the same draws every time, so it converges smoothly);
     the tail mean whose replay lands closest wins."""
+    _check_counts(recorded)
     total = sum(recorded)
-    if not recorded or total <= 0 or min(recorded) < 0:
-        raise ValueError(f"answers by lag {list(recorded)}: need counts >= 0, not all 0")
     target = [count / total for count in recorded]
     best: FittedLag | None = None
     for tail in tail_means_steps:

@@ -13,7 +13,7 @@ policy reads the recent share of late answers to choose a wait that costs less
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 # An answer applied this many steps after its report, or more, is late: one step is
@@ -30,7 +30,10 @@ class RecentAnswerLags:
     """The lags of an engine's last ``window`` answers, from its cumulative counts."""
 
     def __init__(self, window: int = WINDOW_ANSWERS) -> None:
-        self._lags: deque[int] = deque(maxlen=window)
+        self._window = window
+        self._lags: deque[int] = deque()
+        # The window's answers by lag, kept with it: the share is read every decision.
+        self._by_lag: Counter[int] = Counter()
         self._counted: tuple[int, ...] = ()
 
     def update(self, answers_by_lag_steps: Sequence[int]) -> None:
@@ -46,7 +49,11 @@ class RecentAnswerLags:
         # Within one report the order of the new answers is not known; a report adds
         # one or two.
         for lag, (now, before) in enumerate(zip(counts, self._counted, strict=True)):
-            self._lags.extend([lag] * min(now - before, self._lags.maxlen or 0))
+            for _ in range(min(now - before, self._window)):
+                if len(self._lags) == self._window:
+                    self._by_lag[self._lags.popleft()] -= 1
+                self._lags.append(lag)
+                self._by_lag[lag] += 1
         self._counted = counts
 
     def late_share(self, late_steps: int = LATE_ANSWER_STEPS) -> float | None:
@@ -54,4 +61,5 @@ class RecentAnswerLags:
         their report; None before any answer was counted."""
         if not self._lags:
             return None
-        return sum(1 for lag in self._lags if lag >= late_steps) / len(self._lags)
+        late = sum(answers for lag, answers in self._by_lag.items() if lag >= late_steps)
+        return late / len(self._lags)
