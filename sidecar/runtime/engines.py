@@ -85,7 +85,8 @@ def _count_contents(report: pb.StepReport) -> None:
 # An engine's series that describe its session (the mirror's counters, the last
 # decision): removed when the session ends.
 _SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
-                   metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO)
+                   metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
+                   metrics.ENGINE_LATE_ANSWER_SHARE)
 # What the daemon learned of an engine's hardware: kept across its sessions, removed
 # when the engine is forgotten.
 _LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -247,6 +248,9 @@ class EngineRegistry:
             for lag, answers in enumerate(lags):  # a report moves one bucket or two
                 if lag >= len(exported) or exported[lag] != answers:
                     metrics.ENGINE_ANSWERS_BY_LAG.labels(mirror.engine_id, str(lag)).set(answers)
+            late_share = mirror.answer_lags.late_share()
+            if late_share is not None:
+                metrics.ENGINE_LATE_ANSWER_SHARE.labels(mirror.engine_id).set(late_share)
         if decision.pins:
             self._update_pin_gauges()
 

@@ -118,6 +118,15 @@ ENGINE_ANSWERS_BY_LAG = Gauge(
     ["engine", "lag"],
     registry=REGISTRY,
 )
+# What adaptive's provisional_cache=auto reads: while a tenth or more of an engine's
+# recent answers land late it caches finished turns (sidecar/runtime/answer_lag.py).
+ENGINE_LATE_ANSWER_SHARE = Gauge(
+    "kvtether_engine_late_answer_share",
+    "Share of the engine's last 256 answers it applied 3 or more steps after the report "
+    "they answered (0-1; from the engine-reported lags).",
+    ["engine"],
+    registry=REGISTRY,
+)
 # An engine's step cost as the daemon learned it from the reports (set once known to
 # within 20%; see sidecar/runtime/steptime.py).
 ENGINE_PREFILL_S_PER_TOKEN = Gauge(

@@ -244,6 +244,7 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
         assert connected == learned | {"kvtether_engine_fallback_steps",
                                        "kvtether_engine_answers_by_lag_steps",
                                        "kvtether_engine_finished_turns_cached",
+                                       "kvtether_engine_late_answer_share",
                                        "kvtether_engine_prefill_time_ratio",
                                        "kvtether_engine_provisional_block_seconds"}
         after_leaving = engine_series(daemon.metrics_port)
