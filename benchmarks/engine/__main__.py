@@ -54,7 +54,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.engine.paired import median_answer_lag_steps
+from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
 from benchmarks.engine.prefill_share import PrefillShareSampler, saturated_at
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
 
@@ -170,6 +170,10 @@ def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[st
         "queue_s": distribution([r.get("queue_s") for r in turn_records]),
         "prefix_cache_hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0,
         "preemptions": delta("vllm:num_preemptions_total"),
+        # The engine's steps that returned output (vLLM counts one iteration each): the
+        # daemon's reports and the plugin's fallback steps a step (the twin's --like).
+        "engine_steps": (delta("vllm:iteration_tokens_total_count")
+                         if "vllm:iteration_tokens_total_count" in after else None),
         "kv_usage_mean": statistics.mean(sampler.samples) if sampler.samples else None,
         "kv_usage_max": max(sampler.samples) if sampler.samples else None,
         # Where a request's time went, by vLLM's own histograms: waiting to be scheduled
@@ -370,7 +374,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "kv_usage_max", "daemon_reports", "daemon_cpu_s", "daemon_cpu_wait_s",
                "learned_prefill_s_per_token",
                "learned_step_s", "decision_mean_s", "fallback_steps",
-               "client_request_mean_s", "provisional_block_s")
+               "client_request_mean_s", "provisional_block_s", "engine_steps")
     # A figure some round lacks (recorded before it was, or none measured) has no mean.
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs)
@@ -698,15 +702,23 @@ def main() -> int:
                    for k in (run.get("answers_by_lag_steps") or {})})
     if lags:
         print(f"\n{'answers by lag':<16}" + "".join(f"{f'{k} st':>8}" for k in lags)
-              + "  median  (share of the daemon's answers a round, by steps after the "
-              "report; 1: the next step)")
+              + f"  median{'late':>7}{'steps':>8}{'fallback':>9}  (share of the daemon's "
+              "answers a round, by steps after the report; 1: the next step; late: 3 or "
+              "more, adaptive caches finished turns from 10%; the engine's steps a round "
+              "and the share of them scheduled without a fresh answer)")
         for policy, run in results.items():
             by_lag = run.get("answers_by_lag_steps") or {}
             total = sum(v for v in by_lag.values() if v) or 1.0
             median = median_answer_lag_steps(run)
+            late = late_answer_share(run)
+            steps, fallback = run.get("engine_steps"), run.get("fallback_steps")
             print(f"{policy:<16}" + "".join(f"{(by_lag.get(str(k)) or 0.0) / total:>8.1%}"
                                             for k in lags)
-                  + f"{median if median is not None else '-':>8}")
+                  + f"{median if median is not None else '-':>8}"
+                  + (f"{late:>7.1%}" if late is not None else f"{'-':>7}")
+                  + (f"{steps:>8.0f}" if steps else f"{'-':>8}")
+                  + (f"{fallback / steps:>9.1%}" if steps and fallback is not None
+                     else f"{'-':>9}"))
     pinned = {policy: run for policy, run in results.items()
               if sum((run.get("pins_ended") or {}).values())}
     if pinned:

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
+
 Round = dict[str, dict[str, Any]]  # policy -> that policy's result in one round
 
 # Per-request figures, in seconds, from one policy's result in one round.
@@ -80,6 +82,19 @@ def median_answer_lag_steps(run: dict[str, Any]) -> int | None:
         if seen >= total / 2:
             return lag
     return by_lag[-1][0]
+
+
+def late_answer_share(run: dict[str, Any]) -> float | None:
+    """The share of a run's answers applied ``LATE_ANSWER_STEPS`` (3) or more steps
+    after their report: what adaptive's ``provisional_cache=auto`` reads over an
+    engine's recent answers (caching from 0.1 up); None where not recorded."""
+    by_lag = {int(lag): answers
+              for lag, answers in (run.get("answers_by_lag_steps") or {}).items()}
+    total = sum(by_lag.values())
+    if total <= 0:
+        return None
+    return sum(answers for lag, answers in by_lag.items()
+               if lag >= LATE_ANSWER_STEPS) / total
 
 
 @dataclass(frozen=True, slots=True)
