@@ -74,6 +74,8 @@ class CpuSetup:
     # The --like run's steps on vLLM's own behaviour for want of a fresh answer, a
     # round's, by policy: printed beside the twin's (the report's lag table).
     like_fallback_steps: dict[str, float] = field(default_factory=dict)
+    # And its steps a round (runs since f521b02): the fallback steps' share of them.
+    like_engine_steps: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
@@ -104,7 +106,10 @@ class CpuSetup:
                               if (lags := _answer_lags(policy_run))},
             like_fallback_steps={policy: float(policy_run["fallback_steps"])
                                  for policy, policy_run in data["policies"].items()
-                                 if policy_run.get("fallback_steps") is not None})
+                                 if policy_run.get("fallback_steps") is not None},
+            like_engine_steps={policy: float(policy_run["engine_steps"])
+                               for policy, policy_run in data["policies"].items()
+                               if policy_run.get("engine_steps")})
 
     def answer_lag(self, policy: str, seed: int) -> int | Callable[[], int]:
         """What holds the policy's answers back: a fixed number of steps, or a draw
@@ -186,6 +191,7 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     summary["seed"] = seed
     summary["answers_by_lag_steps"] = result.answers_by_lag_steps
     summary["fallback_steps"] = result.plugin_counters.get("fallback_steps")
+    summary["steps"] = result.steps
     # The prompt token's cost the daemon learned from the twin's steps, as the engine
     # benchmark records it: with an attention term it depends on the contexts the
     # policy's tokens were computed after.
@@ -279,22 +285,26 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
 
 def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Each policy's answers by how many steps late the plugin applied them (shares of
-    its answers, over the seeds) and its fallback steps a run, beside the --like run's
-    (a round's), and with drawn lags what was drawn (the fit's tail and error): how
-    close the twin's lag is to the engine's."""
-    rows: list[tuple[str, list[float], float | None]] = []
+    its answers, over the seeds), its fallback steps a run and their share of its
+    steps, beside the --like run's (a round's), and with drawn lags what was drawn (the
+    fit's tail and error): how close the twin's lag is to the engine's."""
+    rows: list[tuple[str, list[float], float | None, float | None]] = []
     notes = []
+
+    def mean_of(summaries: list[dict[str, Any]], key: str) -> float | None:
+        figures = [s[key] for s in summaries if s.get(key) is not None]
+        return statistics.fmean(figures) if figures else None
+
     for policy, summaries in runs.items():
         counts = [s["answers_by_lag_steps"] for s in summaries if s.get("answers_by_lag_steps")]
         if counts:
             summed = [float(sum(column)) for column in zip(*counts, strict=True)]
-            fallbacks = [s["fallback_steps"] for s in summaries
-                         if s.get("fallback_steps") is not None]
-            rows.append((f"{policy} (twin)", summed,
-                         statistics.fmean(fallbacks) if fallbacks else None))
+            rows.append((f"{policy} (twin)", summed, mean_of(summaries, "fallback_steps"),
+                         mean_of(summaries, "steps")))
         lags = setup.like_answer_lags.get(policy)
         if lags:
-            rows.append((f"{policy} (--like run)", lags, setup.like_fallback_steps.get(policy)))
+            rows.append((f"{policy} (--like run)", lags, setup.like_fallback_steps.get(policy),
+                         setup.like_engine_steps.get(policy)))
         if setup.draw_answer_lag and setup.lags_of(policy) is not None:
             fitted = setup.fitted_lag(policy)
             notes.append(f"  {policy}: drawn " + " ".join(
@@ -303,15 +313,17 @@ def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> 
                   f"in order they land within {fitted.error:.1%} of the run's")
     if not rows:
         return []
-    buckets = max(len(shares) for _name, shares, _fallback in rows)
+    buckets = max(len(shares) for _name, shares, _fallback, _steps in rows)
     lines = [f"{'answers by steps late':<36}"
              + "".join(f"{f'{k}+' if k == buckets - 1 else k:>7}" for k in range(buckets))
-             + f"{'fallback steps':>16}"]
-    for name, shares, fallback in rows:
+             + f"{'fallback steps':>16}{'of steps':>10}"]
+    for name, shares, fallback, steps in rows:
         answers = sum(shares) or 1.0
         lines.append(f"{name:<36}" + "".join(
             f"{(shares[k] if k < len(shares) else 0.0) / answers:>7.1%}" for k in range(buckets))
-            + (f"{fallback:>16.0f}" if fallback is not None else f"{'-':>16}"))
+            + (f"{fallback:>16.0f}" if fallback is not None else f"{'-':>16}")
+            + (f"{fallback / steps:>10.1%}" if fallback is not None and steps
+               else f"{'-':>10}"))
     return lines + notes
 
 
@@ -396,7 +408,7 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
             "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
             "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share",
-            "answers_by_lag_steps", "fallback_steps")
+            "answers_by_lag_steps", "fallback_steps", "steps")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}
