@@ -57,6 +57,8 @@ from typing import Any
 from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
 from benchmarks.engine.prefill_share import PrefillShareSampler, saturated_at
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
+from sidecar.policies.adaptive.waiting import CACHE_AT_LATE_ANSWER_SHARE
+from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "engine"
@@ -170,8 +172,8 @@ def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[st
         "queue_s": distribution([r.get("queue_s") for r in turn_records]),
         "prefix_cache_hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0,
         "preemptions": delta("vllm:num_preemptions_total"),
-        # The engine's steps that returned output (vLLM counts one iteration each): the
-        # daemon's reports and the plugin's fallback steps a step (the twin's --like).
+        # The engine's steps that returned output (vLLM counts one iteration each): what
+        # the daemon's reports and the plugin's fallback steps are a share of.
         "engine_steps": (delta("vllm:iteration_tokens_total_count")
                          if "vllm:iteration_tokens_total_count" in after else None),
         "kv_usage_mean": statistics.mean(sampler.samples) if sampler.samples else None,
@@ -703,9 +705,10 @@ def main() -> int:
     if lags:
         print(f"\n{'answers by lag':<16}" + "".join(f"{f'{k} st':>8}" for k in lags)
               + f"  median{'late':>7}{'steps':>8}{'fallback':>9}  (share of the daemon's "
-              "answers a round, by steps after the report; 1: the next step; late: 3 or "
-              "more, adaptive caches finished turns from 10%; the engine's steps a round "
-              "and the share of them scheduled without a fresh answer)")
+              f"answers a round, by steps after the report; 1: the next step; late: "
+              f"{LATE_ANSWER_STEPS} or more, adaptive caches finished turns from "
+              f"{CACHE_AT_LATE_ANSWER_SHARE:.0%}; the engine's steps a round and the share of "
+              "them scheduled without a fresh answer)")
         for policy, run in results.items():
             by_lag = run.get("answers_by_lag_steps") or {}
             total = sum(v for v in by_lag.values() if v) or 1.0

@@ -15,6 +15,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS, WINDOW_ANSWERS
 from sidecar.telemetry.cpu_wait import ThreadCpuWait
 
 # ``*_created`` series double the exposition and no dashboard reads them.
@@ -122,8 +123,8 @@ ENGINE_ANSWERS_BY_LAG = Gauge(
 # recent answers land late it caches finished turns (sidecar/runtime/answer_lag.py).
 ENGINE_LATE_ANSWER_SHARE = Gauge(
     "kvtether_engine_late_answer_share",
-    "Share of the engine's last 256 answers it applied 3 or more steps after the report "
-    "they answered (0-1; from the engine-reported lags).",
+    f"Share of the engine's last {WINDOW_ANSWERS} answers it applied {LATE_ANSWER_STEPS} "
+    "or more steps after the report they answered (0-1; from the engine-reported lags).",
     ["engine"],
     registry=REGISTRY,
 )
