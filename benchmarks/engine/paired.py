@@ -67,12 +67,18 @@ def _outside_vllm_s(run: dict[str, Any]) -> float | None:
     return None if client_s is None or e2e_s is None else client_s - e2e_s
 
 
+def answers_by_lag(run: dict[str, Any]) -> dict[int, float]:
+    """A run's ``answers_by_lag_steps`` keyed by steps late ({"lag": answers} in the
+    JSON); empty where it was not recorded."""
+    return {int(lag): answers
+            for lag, answers in (run.get("answers_by_lag_steps") or {}).items()}
+
+
 def median_answer_lag_steps(run: dict[str, Any]) -> int | None:
     """The median steps between a report and the application of its answer, from a
     run's ``answers_by_lag_steps`` ({lag: answers}); None where it was not recorded
     (runs before it was, or no answer applied)."""
-    by_lag = sorted((int(lag), answers)
-                    for lag, answers in (run.get("answers_by_lag_steps") or {}).items())
+    by_lag = sorted(answers_by_lag(run).items())
     total = sum(answers for _lag, answers in by_lag)
     if total <= 0:
         return None
@@ -88,8 +94,7 @@ def late_answer_share(run: dict[str, Any]) -> float | None:
     """The share of a run's answers applied ``LATE_ANSWER_STEPS`` (3) or more steps
     after their report: what adaptive's ``provisional_cache=auto`` reads over an
     engine's recent answers (caching from 0.1 up); None where not recorded."""
-    by_lag = {int(lag): answers
-              for lag, answers in (run.get("answers_by_lag_steps") or {}).items()}
+    by_lag = answers_by_lag(run)
     total = sum(by_lag.values())
     if total <= 0:
         return None

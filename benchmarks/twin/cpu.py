@@ -153,10 +153,12 @@ def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None) -> Fitt
 def _answer_lags(run: dict[str, Any]) -> list[float] | None:
     """A run's answers by lag as a list (index: steps late), or None where it recorded
     none."""
-    by_lag = {int(lag): float(n) for lag, n in (run.get("answers_by_lag_steps") or {}).items()}
+    from benchmarks.engine.paired import answers_by_lag
+
+    by_lag = answers_by_lag(run)
     if sum(by_lag.values()) <= 0:
         return None
-    return [by_lag.get(lag, 0.0) for lag in range(max(by_lag) + 1)]
+    return [float(by_lag.get(lag, 0.0)) for lag in range(max(by_lag) + 1)]
 
 
 def engine_config(setup: CpuSetup) -> Any:
