@@ -487,6 +487,10 @@ def _parser() -> argparse.ArgumentParser:
     cpu.add_argument("--answer-lag-tail-steps", type=float,
                      help="with --answer-lag-drawn: mean steps past the run's last lag "
                           "bucket (7 or more) its draws go on (default: fitted)")
+    cpu.add_argument("--pin-heartbeat-ms", type=float,
+                     help="while pins are held the plugin reports at least this often "
+                          "(twin clock; default 0, every step, or with --answer-lag-drawn "
+                          "the plugin's own default, as the engine ran)")
     cpu.add_argument("--out", type=Path, help="write the per-seed figures here (JSON)")
 
     workload = commands.add_parser("workload", help="generate or check a workload file")
@@ -522,6 +526,14 @@ def cmd_cpu(args: argparse.Namespace) -> int:
                            answer_lag_steps=args.answer_lag_steps,
                            draw_answer_lag=args.answer_lag_drawn or None,
                            answer_lag_tail_steps=args.answer_lag_tail_steps)
+    heartbeat_ms = args.pin_heartbeat_ms
+    if heartbeat_ms is None and setup.draw_answer_lag:
+        from vllm_plugin.settings import PluginSettings
+
+        heartbeat_ms = PluginSettings().pin_heartbeat_s * 1000.0
+    setup = with_overrides(setup, pin_heartbeat_ms=heartbeat_ms)
+    if not setup.pin_heartbeat_ms >= 0.0:
+        raise SystemExit(f"--pin-heartbeat-ms: {setup.pin_heartbeat_ms} must be >= 0")
     if setup.answer_lag_steps < 0:
         raise SystemExit(f"--answer-lag-steps: {setup.answer_lag_steps} must be >= 0")
     if setup.answer_lag_tail_steps is not None and not setup.answer_lag_tail_steps >= 0.0:

@@ -76,6 +76,16 @@ class CpuSetup:
     like_fallback_steps: dict[str, float] = field(default_factory=dict)
     # And its steps a round (runs since f521b02): the fallback steps' share of them.
     like_engine_steps: dict[str, float] = field(default_factory=dict)
+    # And the reports its daemon decided a round. Where a run recorded its steps, the
+    # lags are fitted with reports on the run's share of the steps and to its
+    # fallback share too (benchmarks.twin.lag.fit): a stall holds back the reports sent
+    # during it, a third of its steps' on the CPU engine, not one a step.
+    like_reports: dict[str, float] = field(default_factory=dict)
+    # While pins are held, the plugin reports at least this often (its
+    # KVTETHER_PLUGIN_PIN_HEARTBEAT_MS) on the twin's clock. 0, the sweeps' setting: a
+    # report every step. --answer-lag-drawn takes the engine's (the plugin's default),
+    # so that the twin sends its reports on about as many steps as the engine does.
+    pin_heartbeat_ms: float = 0.0
 
     @classmethod
     def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
@@ -109,7 +119,10 @@ class CpuSetup:
                                  if policy_run.get("fallback_steps") is not None},
             like_engine_steps={policy: float(policy_run["engine_steps"])
                                for policy, policy_run in data["policies"].items()
-                               if policy_run.get("engine_steps")})
+                               if policy_run.get("engine_steps")},
+            like_reports={policy: float(policy_run["daemon_reports"])
+                          for policy, policy_run in data["policies"].items()
+                          if policy_run.get("daemon_reports")})
 
     def answer_lag(self, policy: str, seed: int) -> int | Callable[[], int]:
         """What holds the policy's answers back: a fixed number of steps, or a draw
@@ -121,17 +134,29 @@ class CpuSetup:
         return DrawnLag(fitted.draw_shares, fitted.tail_mean_steps, seed)
 
     def fitted_lag(self, policy: str) -> FittedLag:
-        lags = self.lags_of(policy)
-        if lags is None:
+        name = self.like_name(policy)
+        if name is None:
             raise ValueError(f"{policy}: no answers by lag to draw from (the --like run "
                              "recorded none)")
-        return _fit_lag(tuple(lags), self.answer_lag_tail_steps)
+        steps = self.like_engine_steps.get(name)
+        reports = self.like_reports.get(name)
+        fallback = self.like_fallback_steps.get(name)
+        if steps and reports and fallback is not None:
+            return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps,
+                            min(reports / steps, 1.0), min(fallback / steps, 1.0))
+        return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps)
 
-    def lags_of(self, policy: str) -> list[float] | None:
+    def like_name(self, policy: str) -> str | None:
+        """The --like run's policy whose lags the policy draws from: itself, its name
+        without parameters, or else the baseline FCFS."""
         for name in (policy, policy.split("@")[0], "fcfs"):
             if name in self.like_answer_lags:
-                return self.like_answer_lags[name]
+                return name
         return None
+
+    def lags_of(self, policy: str) -> list[float] | None:
+        name = self.like_name(policy)
+        return None if name is None else self.like_answer_lags[name]
 
     def workload(self, seed: int) -> wl.Workload:
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
@@ -145,9 +170,11 @@ class CpuSetup:
 
 
 @functools.cache
-def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None) -> FittedLag:
+def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None,
+             report_share: float = 1.0, fallback_share: float | None = None) -> FittedLag:
     """A run's lags fitted once per process (a few seconds each)."""
-    return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,))
+    return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,),
+               report_share=report_share, fallback_share=fallback_share)
 
 
 def _answer_lags(run: dict[str, Any]) -> list[float] | None:
@@ -183,7 +210,7 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     clock = VirtualClock()
     with running_daemon(name, params) as daemon:
         scheduler = build_engine(name, config, clock, daemon.address,
-                                 setup.answer_lag(policy, seed))
+                                 setup.answer_lag(policy, seed), setup.pin_heartbeat_ms)
         try:
             result = simulate(workload, scheduler, setup.step_model(), config, clock)
             learned = learned_step_costs(daemon.address)
@@ -254,7 +281,9 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
              f"token + {setup.attention_s_per_pair:.2e} s an attention pair, answers "
              + ("late as the --like run's (drawn, below)" if setup.draw_answer_lag
-                else f"{setup.answer_lag_steps} step(s) late"),
+                else f"{setup.answer_lag_steps} step(s) late")
+             + (f", pins re-reported every {setup.pin_heartbeat_ms:g} ms"
+                if setup.pin_heartbeat_ms > 0 else ""),
              f"{'policy':<36}{'avg job s':>10}{'hits':>8}{'pinned blocks':>15}"
              f"{'provisional':>13}{'max TTFT s':>12}{f'/ {baseline}, paired':>26}"
              f"{'learned s/token / its':>24}"]
@@ -312,7 +341,9 @@ def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> 
             notes.append(f"  {policy}: drawn " + " ".join(
                 f"{share:.1%}" for share in fitted.draw_shares)
                 + f", the last bucket + {fitted.tail_mean_steps:g} steps on average; kept "
-                  f"in order they land within {fitted.error:.1%} of the run's")
+                  f"in order, reports on {fitted.report_share:.0%} of the steps, they land "
+                  f"within {fitted.error:.1%} of the run's, {fitted.fallback_share:.1%} "
+                  "of the steps without a fresh answer")
     if not rows:
         return []
     buckets = max(len(shares) for _name, shares, _fallback, _steps in rows)

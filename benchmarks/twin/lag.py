@@ -10,6 +10,12 @@ queueing), so :func:`fit` finds the lags to draw: the shares that, kept in order
 land as the recorded ones did. How far past 7 steps the last bucket went is not
 recorded, but the order tells: a stall of S steps puts S - 6 answers at 7 or more and
 one at each of 3 to 6, so the tail mean is the one whose replay matches both.
+
+A CPU engine reports on only a quarter to a third of its steps (a change, or the pin
+heartbeat), so a stall of S steps holds back that share of S reports and leaves S - 2
+steps without a fresh answer (the plugin's ``fallback_steps``). Where the run recorded
+its steps, :func:`fit` replays reports on the run's share of them and weighs the
+fallback share it lands against the run's too.
 """
 
 from __future__ import annotations
@@ -56,54 +62,110 @@ class DrawnLag:
         return lag
 
 
-def in_order(by_lag_steps: Sequence[float], tail_mean_steps: float, steps: int = 10_000,
-             seed: int = 0) -> list[float]:
-    """The shares by steps late with which answers land when each step's report draws
-    its lag from ``by_lag_steps`` and the answers keep their order (one report a step)."""
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """How answers landed: their shares by steps late (index k, k steps; the last
+    bucket, that many or more), and the share of the steps at which an answer was
+    overdue (sent 2 or more steps before and not yet applied: the plugin's
+    ``fallback_steps``, the steps scheduled without a fresh answer)."""
+
+    shares: list[float]
+    fallback_share: float
+
+
+def replay(by_lag_steps: Sequence[float], tail_mean_steps: float, steps: int = 10_000,
+           seed: int = 0, report_share: float = 1.0) -> Landing:
+    """How answers land when each report draws its lag from ``by_lag_steps`` and the
+    answers keep their order, reports going out on a random ``report_share`` of the
+    steps (a CPU engine reports on about a third of its steps: only a change, or the
+    pin heartbeat, is worth a message). The sparser the reports, the fewer a stall of
+    S steps holds back, and the more of the S steps run on a stale answer."""
+    if not 0.0 < report_share <= 1.0:
+        raise ValueError(f"report share {report_share}: must be in (0, 1]")
     draw = DrawnLag(by_lag_steps, tail_mean_steps, seed)
+    reporting = random.Random(seed + 1)
     last = len(by_lag_steps) - 1
     counts = [0] * (last + 1)
     due = 0
+    # The plugin counts a step as fallback while an answer sent 2+ steps before is not
+    # applied: a report sent at step s and applied at step r covers steps s+2 .. r-1.
+    # Answers land in order, so those spans are counted once each as they come.
+    overdue_through = -1
+    fallback = 0
     for step in range(steps):
+        if report_share < 1.0 and reporting.random() >= report_share:
+            continue
         due = max(due, step + draw())
         counts[min(due - step, last)] += 1
-    return [count / steps for count in counts]
+        start = max(step + 2, overdue_through + 1)
+        end = min(due - 1, steps - 1)  # the steps replayed, not past them
+        if end >= start:
+            fallback += end - start + 1
+            overdue_through = end
+    reports = sum(counts)
+    return Landing([count / reports if reports else 0.0 for count in counts],
+                   fallback / steps)
+
+
+def in_order(by_lag_steps: Sequence[float], tail_mean_steps: float, steps: int = 10_000,
+             seed: int = 0, report_share: float = 1.0) -> list[float]:
+    """The shares by steps late with which answers land (:func:`replay`); one report a
+    step unless ``report_share`` says otherwise."""
+    return replay(by_lag_steps, tail_mean_steps, steps, seed, report_share).shares
 
 
 @dataclass(frozen=True, slots=True)
 class FittedLag:
-    """Lags to draw (``draw_shares``, tail ``tail_mean_steps``) so that, kept in order,
-    answers land by ``landed_shares``, within ``error`` (total variation) of the
-    recorded shares."""
+    """Lags to draw (``draw_shares``, tail ``tail_mean_steps``) so that, kept in order
+    with reports on ``report_share`` of the steps, answers land by ``landed_shares``,
+    within ``error`` (total variation) of the recorded shares, and leave an answer
+    overdue on ``fallback_share`` of the steps."""
 
     draw_shares: list[float]
     tail_mean_steps: float
     landed_shares: list[float]
     error: float
+    fallback_share: float = 0.0
+    report_share: float = 1.0
 
 
 def fit(recorded: Sequence[float], tail_means_steps: Sequence[float] = TAIL_MEANS_STEPS,
-        iterations: int = 20, steps: int = 10_000, seed: int = 0) -> FittedLag:
-    """The lags to draw so that answers kept in order land as ``recorded`` (answers by
-    steps late) did: for each tail mean, the shares are rescaled by recorded over
-    landed until they settle (the same draws every time, so it converges smoothly);
-    the tail mean whose replay lands closest wins."""
+        iterations: int = 20, steps: int = 10_000, seed: int = 0,
+        report_share: float = 1.0, fallback_share: float | None = None) -> FittedLag:
+    """The lags to draw so that answers kept in order, reports on ``report_share`` of
+    the steps, land as ``recorded`` (answers by steps late) did: for each tail mean,
+    the shares are rescaled by recorded over landed until they settle (the same draws
+    every time, so it converges smoothly). The tail mean whose replay lands closest
+    wins; with the run's ``fallback_share`` (its steps without a fresh answer) the
+    distance counts how far the replay's is from it too: the lag shares alone do not
+    say how long the stalls were in steps, the steps they left stale do."""
     _check_counts(recorded)
+    if not 0.0 < report_share <= 1.0:
+        raise ValueError(f"report share {report_share}: must be in (0, 1]")
+    if fallback_share is not None and not 0.0 <= fallback_share <= 1.0:
+        raise ValueError(f"fallback share {fallback_share}: must be in [0, 1]")
     total = sum(recorded)
     target = [count / total for count in recorded]
+    replay_steps = round(steps / report_share)  # about as many answers at any share
     best: FittedLag | None = None
+    best_distance = math.inf
     for tail in tail_means_steps:
         shares = list(target)
         for _ in range(iterations):
-            landed = in_order(shares, tail, steps, seed)
+            landed = replay(shares, tail, replay_steps, seed, report_share).shares
             # Where nothing landed yet, a share still wanted is nudged up.
             shares = [share * (want / got if got > 0 else 2.0) if want > 0 else 0.0
                       for share, want, got in zip(shares, target, landed, strict=True)]
             norm = sum(shares)
             shares = [share / norm for share in shares]
-        landed = in_order(shares, tail, steps, seed)
-        error = sum(abs(got - want) for got, want in zip(landed, target, strict=True)) / 2
-        if best is None or error < best.error:
-            best = FittedLag(shares, tail, landed, error)
+        landing = replay(shares, tail, replay_steps, seed, report_share)
+        error = sum(abs(got - want)
+                    for got, want in zip(landing.shares, target, strict=True)) / 2
+        distance = error + (0.0 if fallback_share is None
+                            else abs(landing.fallback_share - fallback_share))
+        if distance < best_distance:
+            best_distance = distance
+            best = FittedLag(shares, tail, landing.shares, error, landing.fallback_share,
+                             report_share)
     assert best is not None
     return best

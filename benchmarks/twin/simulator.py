@@ -110,15 +110,16 @@ class SimResult:
 
 
 @contextlib.contextmanager
-def _plugin_env(address: str) -> Iterator[None]:
+def _plugin_env(address: str, pin_heartbeat_ms: float = 0.0) -> Iterator[None]:
     values = {
         "KVTETHER_PLUGIN_DAEMON_ADDRESS": address,
         "KVTETHER_PLUGIN_ENGINE_ID": "twin",
         # Wait for every decision: the run must not depend on how fast this box is.
         "KVTETHER_PLUGIN_DEADLINE_MS": "10000",
-        # A report every step while pins are held: the daemon re-values them as often
-        # as the engine steps (the sweeps in benchmarks/results/twin ran this way).
-        "KVTETHER_PLUGIN_PIN_HEARTBEAT_MS": "0",
+        # 0: a report every step while pins are held, the daemon re-valuing them as
+        # often as the engine steps (the sweeps in benchmarks/results/twin ran this
+        # way); the plugin's default (100 ms) to send as few as a CPU engine does.
+        "KVTETHER_PLUGIN_PIN_HEARTBEAT_MS": f"{pin_heartbeat_ms:g}",
         # The waiting demand counted as the report is built: on the link's thread it
         # would read the queue whenever that thread got to it (the twin's steps take
         # no time), and a run would depend on this box's speed.
@@ -188,11 +189,13 @@ def _answer_every_report(agent: Any, lag_steps: int | Callable[[], int] = 0) -> 
 
 def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
                  daemon_address: str | None,
-                 answer_lag_steps: int | Callable[[], int] = 0) -> Any:
+                 answer_lag_steps: int | Callable[[], int] = 0,
+                 pin_heartbeat_ms: float = 0.0) -> Any:
     """vLLM's Scheduler (``native``: its own FCFS policy) or kvtether's plugin scheduler
     connected to the daemon at ``daemon_address``, both on ``clock``; the daemon's
     answers applied ``answer_lag_steps`` steps later than the next one (a callable:
-    drawn for each, ``benchmarks.twin.lag.DrawnLag``)."""
+    drawn for each, ``benchmarks.twin.lag.DrawnLag``); while pins are held, a report
+    at least every ``pin_heartbeat_ms`` of the clock (0: every step)."""
     from vllm_plugin.inprocess import build_scheduler
 
     common = dict(num_blocks=config.num_blocks, block_size=config.block_size,
@@ -204,7 +207,7 @@ def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
         raise ValueError(f"policy {policy!r} needs a daemon")
     from vllm_plugin.scheduler import KvtetherScheduler
 
-    with _plugin_env(daemon_address):
+    with _plugin_env(daemon_address, pin_heartbeat_ms):
         scheduler = build_scheduler(MODEL_DIR, policy="priority",
                                     scheduler_cls=KvtetherScheduler, **common)
     agent = scheduler.kvtether

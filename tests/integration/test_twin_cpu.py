@@ -15,6 +15,8 @@ REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
             / "d077e0a-epyc-noavx512-rounds12.json")  # before the answers' lag was recorded
 RUN_17 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
           / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json")
+RUN_19 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
+          / "2398034-epyc19-noavx512-vary-seed-rounds8.json")  # its steps recorded
 
 
 def _twin_cpu(*args: str) -> subprocess.CompletedProcess[str]:
@@ -84,6 +86,32 @@ def test_a_negative_attention_cost_is_named() -> None:
     done = _twin_cpu("--attention-s-per-pair=-1e-8", "--seeds", "1")
     assert done.returncode != 0
     assert "--attention-s-per-pair: -1e-08 must be >= 0" in done.stderr
+
+
+def test_drawn_lags_replay_the_engines_reports_and_its_stale_steps(tmp_path: Path) -> None:
+    # The run recorded its steps: the lags are fitted with reports on the run's share
+    # of the steps and to its fallback share, and the twin reports pins as the engine
+    # does (the plugin's 100 ms heartbeat), not every step.
+    out = tmp_path / "cpu.json"
+    done = _twin_cpu("--like", str(RUN_19), "--policies", "adaptive", "--seeds", "1",
+                     "--answer-lag-drawn", "--answer-lag-tail-steps", "24", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    adaptive = json.loads(RUN_19.read_text())["policies"]["adaptive"]
+    report_share = adaptive["daemon_reports"] / adaptive["engine_steps"]
+    assert f"reports on {report_share:.0%} of the steps" in done.stdout, done.stdout
+    assert "pins re-reported every 100 ms" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["setup"]["pin_heartbeat_ms"] == 100.0
+    twin = result["policies"]["adaptive"][0]
+    # Fitted as one report a step, the twin left 9-13% of its steps without a fresh
+    # answer where this engine left 34-41%.
+    assert twin["fallback_steps"] / twin["steps"] > 0.2, done.stdout
+
+
+def test_a_negative_pin_heartbeat_is_named() -> None:
+    done = _twin_cpu("--pin-heartbeat-ms=-5", "--seeds", "1")
+    assert done.returncode != 0
+    assert "--pin-heartbeat-ms: -5.0 must be >= 0" in done.stderr
 
 
 def test_a_negative_answer_lag_is_named() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
 from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
-from benchmarks.twin.lag import DrawnLag, fit, in_order
+from benchmarks.twin.lag import DrawnLag, fit, in_order, replay
 from benchmarks.twin.simulator import _answer_every_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +126,42 @@ def test_the_fit_recovers_the_lags_a_stalling_daemon_drew() -> None:
         fit([0.0, 0.0])
 
 
+def test_an_answer_overdue_leaves_the_steps_it_is_late_for_without_one() -> None:
+    # Every answer 3 steps late: each leaves one step (its report's step + 2) stale. On
+    # every step that is every step; with reports on half of them, half.
+    every = replay([0, 0, 0, 1], tail_mean_steps=0.0, steps=10_000, seed=1)
+    half = replay([0, 0, 0, 1], tail_mean_steps=0.0, steps=10_000, seed=1, report_share=0.5)
+    assert every.shares == half.shares == [0.0, 0.0, 0.0, 1.0]
+    assert every.fallback_share == pytest.approx(1.0, abs=0.001)
+    assert half.fallback_share == pytest.approx(0.5, abs=0.02)
+    # Answers 2 steps late are the normal lag of a report in flight: none stale.
+    assert replay([0, 0, 1], tail_mean_steps=0.0, steps=1_000).fallback_share == 0.0
+    with pytest.raises(ValueError, match=re.escape("report share 0.0")):
+        replay([1], tail_mean_steps=0.0, report_share=0.0)
+
+
+def test_the_fit_at_the_runs_report_share_lands_its_stale_steps_too() -> None:
+    # A daemon that stalls long while the engine reports on 30% of its steps: a
+    # stall holds back few reports, and leaves many steps stale.
+    drawn = [0.1, 0.3, 0.55, 0.0, 0.0, 0.0, 0.0, 0.05]
+    run = replay(drawn, tail_mean_steps=24.0, steps=30_000, seed=7, report_share=0.3)
+    tails = (0.0, 4.0, 24.0, 48.0)
+    fitted = fit(run.shares, tails, iterations=12, steps=3_000, report_share=0.3,
+                 fallback_share=run.fallback_share)
+    assert fitted.error < 0.03
+    assert fitted.report_share == 0.3
+    assert fitted.fallback_share == pytest.approx(run.fallback_share, abs=0.05)
+    # The same shares fitted as if the engine reported every step, then replayed with
+    # reports on 30% of the steps (what the twin did before): stalls as short in steps
+    # as the answers they held back at one report a step, so far fewer stale steps.
+    per_step = fit(run.shares, tails, iterations=12, steps=3_000)
+    replayed = replay(per_step.draw_shares, per_step.tail_mean_steps, steps=30_000, seed=7,
+                      report_share=0.3)
+    assert replayed.fallback_share < 0.6 * run.fallback_share
+    with pytest.raises(ValueError, match=re.escape("fallback share 1.5")):
+        fit(run.shares, tails, fallback_share=1.5)
+
+
 def test_drawn_answers_land_steps_after_their_report_and_in_order() -> None:
     # A report each step; the first's answer drawn 4 steps late, the rest 1: the second
     # cannot overtake the first (one stream, in order), and none lands before its step.
@@ -157,6 +193,9 @@ def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
     # A policy the run did not have draws from FCFS's.
     assert setup.lags_of("contextserve") == setup.like_answer_lags["fcfs"]
     assert isinstance(setup.answer_lag("adaptive", seed=0), DrawnLag)
+    # A run from before the engine's steps were recorded: fitted at a report a step.
+    assert "adaptive" not in setup.like_engine_steps
+    assert setup.fitted_lag("adaptive").report_share == 1.0
     assert CpuSetup.like(RUN_17).answer_lag("adaptive", seed=0) == 1, "its median, 2, less 1"
     with pytest.raises(ValueError, match="no answers by lag to draw from"):
         CpuSetup(draw_answer_lag=True).answer_lag("fcfs", seed=0)
