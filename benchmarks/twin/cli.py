@@ -483,7 +483,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(default 0, or --like's run's median lag less 1)")
     cpu.add_argument("--answer-lag-drawn", action="store_true",
                      help="draw each answer's lag to land as --like's run's answers did for "
-                          "the policy (their spread, not their median)")
+                          "the policy (their spread, not their median; held pins re-reported "
+                          "at the plugin's heartbeat, as on the engine)")
     cpu.add_argument("--answer-lag-tail-steps", type=float,
                      help="with --answer-lag-drawn: mean steps past the run's last lag "
                           "bucket (7 or more) its draws go on (default: fitted)")

@@ -134,6 +134,8 @@ class CpuSetup:
         return DrawnLag(fitted.draw_shares, fitted.tail_mean_steps, seed)
 
     def fitted_lag(self, policy: str) -> FittedLag:
+        """The lags the policy's answers are drawn from (:func:`benchmarks.twin.lag.fit`),
+        at the run's report share and fallback share where it recorded its steps."""
         name = self.like_name(policy)
         if name is None:
             raise ValueError(f"{policy}: no answers by lag to draw from (the --like run "
