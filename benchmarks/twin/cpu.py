@@ -114,15 +114,9 @@ class CpuSetup:
             answer_lag_steps=max(lag_steps - 1, 0) if lag_steps is not None else 0,
             like_answer_lags={policy: lags for policy, policy_run in data["policies"].items()
                               if (lags := _answer_lags(policy_run))},
-            like_fallback_steps={policy: float(policy_run["fallback_steps"])
-                                 for policy, policy_run in data["policies"].items()
-                                 if policy_run.get("fallback_steps") is not None},
-            like_engine_steps={policy: float(policy_run["engine_steps"])
-                               for policy, policy_run in data["policies"].items()
-                               if policy_run.get("engine_steps")},
-            like_reports={policy: float(policy_run["daemon_reports"])
-                          for policy, policy_run in data["policies"].items()
-                          if policy_run.get("daemon_reports")})
+            like_fallback_steps=_per_policy(data, "fallback_steps"),
+            like_engine_steps=_per_policy(data, "engine_steps"),
+            like_reports=_per_policy(data, "daemon_reports"))
 
     def answer_lag(self, policy: str, seed: int) -> int | Callable[[], int]:
         """What holds the policy's answers back: a fixed number of steps, or a draw
@@ -143,10 +137,11 @@ class CpuSetup:
         steps = self.like_engine_steps.get(name)
         reports = self.like_reports.get(name)
         fallback = self.like_fallback_steps.get(name)
+        report_share, fallback_share = 1.0, None  # runs before f521b02: a report a step
         if steps and reports and fallback is not None:
-            return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps,
-                            min(reports / steps, 1.0), min(fallback / steps, 1.0))
-        return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps)
+            report_share, fallback_share = min(reports / steps, 1.0), min(fallback / steps, 1.0)
+        return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps,
+                        report_share, fallback_share)
 
     def like_name(self, policy: str) -> str | None:
         """The --like run's policy whose lags the policy draws from: itself, its name
@@ -177,6 +172,12 @@ def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None,
     """A run's lags fitted once per process (a few seconds each)."""
     return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,),
                report_share=report_share, fallback_share=fallback_share)
+
+
+def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
+    """A figure of each policy's run in an engine result, where it was recorded."""
+    return {policy: float(run[key]) for policy, run in data["policies"].items()
+            if run.get(key) is not None}
 
 
 def _answer_lags(run: dict[str, Any]) -> list[float] | None:

@@ -107,13 +107,6 @@ def replay(by_lag_steps: Sequence[float], tail_mean_steps: float, steps: int = 1
                    fallback / steps)
 
 
-def in_order(by_lag_steps: Sequence[float], tail_mean_steps: float, steps: int = 10_000,
-             seed: int = 0, report_share: float = 1.0) -> list[float]:
-    """The shares by steps late with which answers land (:func:`replay`); one report a
-    step unless ``report_share`` says otherwise."""
-    return replay(by_lag_steps, tail_mean_steps, steps, seed, report_share).shares
-
-
 @dataclass(frozen=True, slots=True)
 class FittedLag:
     """Lags to draw (``draw_shares``, tail ``tail_mean_steps``) so that, kept in order

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
 from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
-from benchmarks.twin.lag import DrawnLag, fit, in_order, replay
+from benchmarks.twin.lag import DrawnLag, fit, replay
 from benchmarks.twin.simulator import _answer_every_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_a_lag_that_cannot_be_drawn_is_named(weights: list[float], tail: float,
 def test_answers_kept_in_order_land_later_than_drawn() -> None:
     # One report in 50 stalls the daemon 20 steps: the reports sent during the stall
     # land with it, 19, 18, ... steps late.
-    landed = in_order([0, 49, 0, 0, 0, 0, 0, 1], tail_mean_steps=13.0, seed=3)
+    landed = replay([0, 49, 0, 0, 0, 0, 0, 1], tail_mean_steps=13.0, seed=3).shares
     assert landed[1] < 0.98 * 49 / 50
     assert sum(landed[3:7]) > 0.03, "the stall's last reports land 3-6 steps late"
     assert landed[7] > 0.15
@@ -115,7 +115,7 @@ def test_the_fit_recovers_the_lags_a_stalling_daemon_drew() -> None:
     # A run recorded what a known process makes; the fit finds lags that land the
     # same, and from the order alone, how long the stalls were.
     drawn = [0.4, 0.15, 0.42, 0.0, 0.0, 0.0, 0.02, 0.01]
-    recorded = in_order(drawn, tail_mean_steps=16.0, steps=20_000, seed=7)
+    recorded = replay(drawn, tail_mean_steps=16.0, steps=20_000, seed=7).shares
     fitted = fit(recorded)
     assert fitted.error < 0.01
     assert fitted.tail_mean_steps in (12.0, 16.0, 24.0)
