@@ -360,7 +360,8 @@ class EngineAgent:
             self._work.Clear()
 
     def flush(self, wait_s: float = 0.0) -> None:
-        """Report what changed; wait at most ``wait_s`` for the answer and apply it now."""
+        """Report what changed; wait at most ``wait_s`` for the answer and apply it now
+        (the engine going idle: counted, with whether the wait ran out first)."""
         report = self._build_report()
         if report is None:
             return
@@ -377,6 +378,9 @@ class EngineAgent:
                 self._finished_unanswered.pop(request_id, None)
             if wait_s > 0:
                 self._apply(self.link.take_decisions(wait_s))
+                self.counters.idle_waits += 1
+                if report.seq in self._sent_at_step:  # not answered in time
+                    self.counters.idle_waits_missed += 1
 
     def on_allocation_failed(self, request: Any) -> bool:
         """An allocation for a running request failed: release the daemon's first

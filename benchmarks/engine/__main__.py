@@ -226,6 +226,10 @@ PIN_BLOCK_SECONDS = "kvtether_pin_block_seconds_total"
 PIN_OUTCOMES = ("returned", "not_returned")
 # Engine-reported: block-seconds finished requests' blocks waited for the daemon's word.
 PROVISIONAL_COUNTER = "kvtether_engine_provisional_block_seconds"
+# Engine-reported: its waits for the daemon's answer as it went idle, and those that ran
+# out first.
+WAITS_COUNTER = "kvtether_engine_idle_waits"
+WAITS_MISSED_COUNTER = "kvtether_engine_idle_waits_missed"
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -362,10 +366,25 @@ class DaemonLoad:
                 # fallback steps are).
                 "provisional_block_s": grew(PROVISIONAL_COUNTER)
                 if PROVISIONAL_COUNTER in before else None,
+                # The engine's waits for the answer to its last report as it went
+                # idle: the answers 0 steps late. And those that ran out first.
+                "idle_waits": grew(WAITS_COUNTER) if WAITS_COUNTER in before else None,
+                "idle_waits_missed": grew(WAITS_MISSED_COUNTER)
+                if WAITS_MISSED_COUNTER in before else None,
                 # What the daemon learned a step of this engine costs (0: not yet).
                 "learned_prefill_s_per_token": metrics.get(
                     "kvtether_engine_prefill_seconds_per_token", 0.0),
                 "learned_step_s": metrics.get("kvtether_engine_step_seconds", 0.0)}
+
+
+def _waits_columns(run: dict[str, Any]) -> str:
+    """A run's waits for the daemon's answer a round and the share that ran out (runs
+    before the engine counted them: dashes)."""
+    waits, missed = run.get("idle_waits"), run.get("idle_waits_missed")
+    if waits is None:
+        return f"{'-':>7}{'-':>7}"
+    return f"{waits:>7.0f}" + (f"{missed / waits:>7.1%}" if waits and missed is not None
+                               else f"{'-':>7}")
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -376,7 +395,8 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "kv_usage_max", "daemon_reports", "daemon_cpu_s", "daemon_cpu_wait_s",
                "learned_prefill_s_per_token",
                "learned_step_s", "decision_mean_s", "fallback_steps",
-               "client_request_mean_s", "provisional_block_s", "engine_steps")
+               "client_request_mean_s", "provisional_block_s", "engine_steps",
+               "idle_waits", "idle_waits_missed")
     # A figure some round lacks (recorded before it was, or none measured) has no mean.
     merged: dict[str, Any] = {
         name: statistics.mean(r[name] for r in runs)
@@ -704,11 +724,12 @@ def main() -> int:
                    for k in (run.get("answers_by_lag_steps") or {})})
     if lags:
         print(f"\n{'answers by lag':<16}" + "".join(f"{f'{k} st':>8}" for k in lags)
-              + f"  median{'late':>7}{'steps':>8}{'fallback':>9}  (share of the daemon's "
-              f"answers a round, by steps after the report; 1: the next step; late: "
-              f"{LATE_ANSWER_STEPS} or more, adaptive caches finished turns from "
-              f"{CACHE_AT_LATE_ANSWER_SHARE:.0%}; the engine's steps a round and the share of "
-              "them scheduled without a fresh answer)")
+              + f"  median{'late':>7}{'steps':>8}{'fallback':>9}{'waits':>7}{'missed':>7}"
+              f"  (share of the daemon's answers a round, by steps after the report; 1: the "
+              f"next step; late: {LATE_ANSWER_STEPS} or more, adaptive caches finished turns "
+              f"from {CACHE_AT_LATE_ANSWER_SHARE:.0%}; the engine's steps a round and the "
+              "share of them scheduled without a fresh answer; its waits a round for the "
+              "answer as it went idle, the answers 0 steps late, and the share that ran out)")
         for policy, run in results.items():
             by_lag = run.get("answers_by_lag_steps") or {}
             total = sum(v for v in by_lag.values() if v) or 1.0
@@ -721,7 +742,8 @@ def main() -> int:
                   + (f"{late:>7.1%}" if late is not None else f"{'-':>7}")
                   + (f"{steps:>8.0f}" if steps else f"{'-':>8}")
                   + (f"{fallback / steps:>9.1%}" if steps and fallback is not None
-                     else f"{'-':>9}"))
+                     else f"{'-':>9}")
+                  + _waits_columns(run))
     pinned = {policy: run for policy, run in results.items()
               if sum((run.get("pins_ended") or {}).values())}
     if pinned:

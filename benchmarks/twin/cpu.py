@@ -81,6 +81,9 @@ class CpuSetup:
     # fallback share too (benchmarks.twin.lag.fit): a stall holds back the reports sent
     # during it, a third of its steps' on the CPU engine, not one a step.
     like_reports: dict[str, float] = field(default_factory=dict)
+    # And its waits for the answer as the engine went idle (runs since they were
+    # counted): the answers 0 steps late, printed beside the twin's.
+    like_idle_waits: dict[str, float] = field(default_factory=dict)
     # While pins are held, the plugin reports at least this often (its
     # KVTETHER_PLUGIN_PIN_HEARTBEAT_MS) on the twin's clock. 0, the sweeps' setting: a
     # report every step. --answer-lag-drawn takes the engine's (the plugin's default),
@@ -116,7 +119,8 @@ class CpuSetup:
                               if (lags := _answer_lags(policy_run))},
             like_fallback_steps=_per_policy(data, "fallback_steps"),
             like_engine_steps=_per_policy(data, "engine_steps"),
-            like_reports=_per_policy(data, "daemon_reports"))
+            like_reports=_per_policy(data, "daemon_reports"),
+            like_idle_waits=_per_policy(data, "idle_waits"))
 
     def answer_lag(self, policy: str, seed: int) -> int | Callable[[], int]:
         """What holds the policy's answers back: a fixed number of steps, or a draw
@@ -223,6 +227,7 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     summary["seed"] = seed
     summary["answers_by_lag_steps"] = result.answers_by_lag_steps
     summary["fallback_steps"] = result.plugin_counters.get("fallback_steps")
+    summary["idle_waits"] = result.plugin_counters.get("idle_waits")
     summary["steps"] = result.steps
     # The prompt token's cost the daemon learned from the twin's steps, as the engine
     # benchmark records it: with an attention term it depends on the contexts the
@@ -320,9 +325,10 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
 def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Each policy's answers by how many steps late the plugin applied them (shares of
     its answers, over the seeds), its fallback steps a run and their share of its
-    steps, beside the --like run's (a round's), and with drawn lags what was drawn (the
-    fit's tail and error): how close the twin's lag is to the engine's."""
-    rows: list[tuple[str, list[float], float | None, float | None]] = []
+    steps, and its waits for the answer as the engine went idle, beside the --like
+    run's (a round's), and with drawn lags what was drawn (the fit's tail and error):
+    how close the twin's lag is to the engine's."""
+    rows: list[tuple[str, list[float], float | None, float | None, float | None]] = []
     notes = []
 
     def mean_of(summaries: list[dict[str, Any]], key: str) -> float | None:
@@ -334,11 +340,12 @@ def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> 
         if counts:
             summed = [float(sum(column)) for column in zip(*counts, strict=True)]
             rows.append((f"{policy} (twin)", summed, mean_of(summaries, "fallback_steps"),
-                         mean_of(summaries, "steps")))
+                         mean_of(summaries, "steps"), mean_of(summaries, "idle_waits")))
         lags = setup.like_answer_lags.get(policy)
         if lags:
             rows.append((f"{policy} (--like run)", lags, setup.like_fallback_steps.get(policy),
-                         setup.like_engine_steps.get(policy)))
+                         setup.like_engine_steps.get(policy),
+                         setup.like_idle_waits.get(policy)))
         if setup.draw_answer_lag and setup.lags_of(policy) is not None:
             fitted = setup.fitted_lag(policy)
             notes.append(f"  {policy}: drawn " + " ".join(
@@ -349,17 +356,18 @@ def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> 
                   "of the steps without a fresh answer")
     if not rows:
         return []
-    buckets = max(len(shares) for _name, shares, _fallback, _steps in rows)
+    buckets = max(len(row[1]) for row in rows)
     lines = [f"{'answers by steps late':<36}"
              + "".join(f"{f'{k}+' if k == buckets - 1 else k:>7}" for k in range(buckets))
-             + f"{'fallback steps':>16}{'of steps':>10}"]
-    for name, shares, fallback, steps in rows:
+             + f"{'fallback steps':>16}{'of steps':>10}{'idle waits':>12}"]
+    for name, shares, fallback, steps, waits in rows:
         answers = sum(shares) or 1.0
         lines.append(f"{name:<36}" + "".join(
             f"{(shares[k] if k < len(shares) else 0.0) / answers:>7.1%}" for k in range(buckets))
             + (f"{fallback:>16.0f}" if fallback is not None else f"{'-':>16}")
             + (f"{fallback / steps:>10.1%}" if fallback is not None and steps
-               else f"{'-':>10}"))
+               else f"{'-':>10}")
+            + (f"{waits:>12.0f}" if waits is not None else f"{'-':>12}"))
     return lines + notes
 
 

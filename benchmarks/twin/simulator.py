@@ -389,7 +389,8 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
         counters = agent.counters
         result.plugin_counters = {name: int(getattr(counters, name)) for name in
                                   ("fallback_steps", "resyncs", "local_pin_expiries",
-                                   "idle_pin_releases")}
+                                   "idle_pin_releases", "idle_waits",
+                                   "idle_waits_missed")}
         result.provisional_block_s = counters.provisional_block_seconds
         result.answers_by_lag_steps = [int(n) for n in counters.answers_by_lag_steps]
         agent.release_all_pins()

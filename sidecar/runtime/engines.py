@@ -86,7 +86,8 @@ def _count_contents(report: pb.StepReport) -> None:
 # decision): removed when the session ends.
 _SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
                    metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
-                   metrics.ENGINE_LATE_ANSWER_SHARE)
+                   metrics.ENGINE_LATE_ANSWER_SHARE, metrics.ENGINE_IDLE_WAITS,
+                   metrics.ENGINE_IDLE_WAITS_MISSED)
 # What the daemon learned of an engine's hardware: kept across its sessions, removed
 # when the engine is forgotten.
 _LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -239,6 +240,9 @@ class EngineRegistry:
             mirror.counters.fallback_steps)
         metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS.labels(mirror.engine_id).set(
             mirror.counters.provisional_block_seconds)
+        metrics.ENGINE_IDLE_WAITS.labels(mirror.engine_id).set(mirror.counters.idle_waits)
+        metrics.ENGINE_IDLE_WAITS_MISSED.labels(mirror.engine_id).set(
+            mirror.counters.idle_waits_missed)
         metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
             1 if decision.provisional_cache else 0)
         lags = tuple(mirror.counters.answers_by_lag_steps)

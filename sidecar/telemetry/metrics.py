@@ -94,6 +94,20 @@ ENGINE_FALLBACK_STEPS = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_IDLE_WAITS = Gauge(
+    "kvtether_engine_idle_waits",
+    "Times engines, going idle, waited for the daemon's answer to their last report (up "
+    "to the deadline; engine-reported, cumulative): the answers applied 0 steps late.",
+    ["engine"],
+    registry=REGISTRY,
+)
+ENGINE_IDLE_WAITS_MISSED = Gauge(
+    "kvtether_engine_idle_waits_missed",
+    "Of the engines' idle waits for the daemon's answer, those that ran out before it "
+    "came (engine-reported, cumulative): the daemon slower than the deadline.",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_PROVISIONAL_BLOCK_SECONDS = Gauge(
     "kvtether_engine_provisional_block_seconds",
     "KV block-seconds the engine held finished requests' blocks awaiting the daemon's "

@@ -134,10 +134,14 @@ def test_daemon_frozen_past_the_deadline(model_dir, monkeypatch) -> None:  # typ
         run_turns(engine, "warm", jobs=2, turns=1)
         assert daemon.process is not None
         daemon.process.send_signal(signal.SIGSTOP)
+        missed_before = engine.agent.counters.idle_waits_missed
         started = time.monotonic()
         run_turns(engine, "frozen", jobs=3, turns=3)  # never waits more than a deadline
         steps_taken_s = time.monotonic() - started
         assert engine.agent.counters.fallback_steps > 0
+        # Each time the engine went idle it waited its deadline, and the answer never
+        # came: counted for the operator (kvtether_engine_idle_waits_missed).
+        assert engine.agent.counters.idle_waits_missed > missed_before
         time.sleep(0.6)
         engine.add("tick", [1, 2, 3], job="tick", last=True)
         engine.drain()  # local bounds release any pin while the daemon is frozen

@@ -88,16 +88,21 @@ def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> N
         stub.Step(pb.StepReport(engine_id="m", seq=1, snapshot=True, now_s=1.0, kv=KV,
                                 counters=pb.EngineCounters(fallback_steps=5,
                                                            answers_by_lag_steps=[0, 4, 1],
-                                                           provisional_block_seconds=2.5)))
+                                                           provisional_block_seconds=2.5,
+                                                           idle_waits=10,
+                                                           idle_waits_missed=1)))
         load = DaemonLoad(daemon.process.pid, url)
         stub.Step(pb.StepReport(engine_id="m", seq=2, now_s=2.0, kv=KV, new_requests=[
             pb.NewRequest(request_id="a", job_id="j", arrival_s=2.0)],
             counters=pb.EngineCounters(fallback_steps=7, answers_by_lag_steps=[0, 5, 1],
-                                       provisional_block_seconds=3.0)))
+                                       provisional_block_seconds=3.0, idle_waits=12,
+                                       idle_waits_missed=1)))
         stub.Step(pb.StepReport(engine_id="m", seq=3, now_s=3.0, kv=KV,
                                 counters=pb.EngineCounters(fallback_steps=8,
                                                            answers_by_lag_steps=[0, 5, 4],
-                                                           provisional_block_seconds=4.0)))
+                                                           provisional_block_seconds=4.0,
+                                                           idle_waits=15,
+                                                           idle_waits_missed=2)))
         run = load.delta()
         started_too_early = too_early.delta()
 
@@ -108,6 +113,9 @@ def test_the_engine_benchmark_reads_one_runs_share_of_the_daemons_metrics() -> N
     assert run["fallback_steps"] == 3
     assert run["provisional_block_s"] == pytest.approx(1.5), "held awaiting the daemon"
     assert started_too_early["provisional_block_s"] is None
+    # The engine waited for 5 answers this run, and one wait ran out.
+    assert (run["idle_waits"], run["idle_waits_missed"]) == (5, 1)
+    assert started_too_early["idle_waits"] is None
     # This run's answers: one the next step, three two steps late.
     assert run["answers_by_lag_steps"] == {"0": 0, "1": 1, "2": 3}
     assert 0 < run["decision_mean_s"] < 1.0
@@ -243,6 +251,8 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
                    "kvtether_engine_decode_seconds_per_request"}
         assert connected == learned | {"kvtether_engine_fallback_steps",
                                        "kvtether_engine_answers_by_lag_steps",
+                                       "kvtether_engine_idle_waits",
+                                       "kvtether_engine_idle_waits_missed",
                                        "kvtether_engine_finished_turns_cached",
                                        "kvtether_engine_late_answer_share",
                                        "kvtether_engine_prefill_time_ratio",

@@ -190,11 +190,19 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines) -> No
                     for lag in range(len(reported))]
 
         wait_until(lambda: exported() == reported)  # once the daemon decided that report
+        waits = sent[-1].counters.idle_waits
+        wait_until(lambda: scrape(daemon.metrics_port).get("kvtether_engine_idle_waits", (
+            "", {}))[1].get(("kvtether_engine_idle_waits", ("engine", engine_id))) == waits)
     assert len(reported) == 8
     # Applied at the next schedule() (lag 1) or, when the engine went idle, waited for
     # and applied in the same step (lag 0); the engine applied every answer it counted.
     assert sum(reported) > 0 and sum(reported[:2]) >= sum(reported) / 2, reported
     assert sum(reported) <= sum(engine.agent.lag_counts)
+    # Each drain ended with the engine idle, waiting for the answer to its last report:
+    # a responsive daemon answered every wait, each answer applied 0 steps late.
+    counters = engine.agent.counters
+    assert counters.idle_waits >= 2 and counters.idle_waits_missed == 0
+    assert engine.agent.lag_counts[0] >= counters.idle_waits
 
 
 def test_pin_survives_a_flood_that_evicts_unpinned_context(engines, continuum, fcfs) -> None:  # type: ignore[no-untyped-def]

@@ -202,18 +202,22 @@ def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
 
 
 def test_the_twins_lags_are_printed_beside_the_runs() -> None:
-    setup = CpuSetup(like_answer_lags={"fcfs": [0, 30, 10]},
-                     like_fallback_steps={"fcfs": 12.0}, like_engine_steps={"fcfs": 48.0})
-    runs = {"fcfs": [{"answers_by_lag_steps": [0, 10, 0], "fallback_steps": 0, "steps": 10},
-                     {"answers_by_lag_steps": [0, 5, 5], "fallback_steps": 4, "steps": 30}]}
+    setup = CpuSetup(like_answer_lags={"fcfs": [6, 30, 10]},
+                     like_fallback_steps={"fcfs": 12.0}, like_engine_steps={"fcfs": 48.0},
+                     like_idle_waits={"fcfs": 7.0})
+    runs = {"fcfs": [{"answers_by_lag_steps": [2, 8, 0], "fallback_steps": 0, "steps": 10,
+                      "idle_waits": 2},
+                     {"answers_by_lag_steps": [0, 5, 5], "fallback_steps": 4, "steps": 30,
+                      "idle_waits": 1}]}
     header, twin, engine = answer_lag_lines(setup, runs)
-    assert header.split()[-7:] == ["0", "1", "2+", "fallback", "steps", "of", "steps"]
-    # Fallback steps and steps a run, averaged over the seeds: 2 of 20.
-    assert twin.split() == ["fcfs", "(twin)", "0.0%", "75.0%", "25.0%", "2", "10.0%"]
-    assert engine.split() == ["fcfs", "(--like", "run)", "0.0%", "75.0%", "25.0%", "12",
-                              "25.0%"]
-    # A run recorded before the engine's steps were: no share.
+    assert header.split()[-9:] == ["0", "1", "2+", "fallback", "steps", "of", "steps",
+                                   "idle", "waits"]
+    # Fallback steps, steps and waits a run, averaged over the seeds: 2 of 20, 1.5.
+    assert twin.split() == ["fcfs", "(twin)", "10.0%", "65.0%", "25.0%", "2", "10.0%", "2"]
+    assert engine.split() == ["fcfs", "(--like", "run)", "13.0%", "65.2%", "21.7%", "12",
+                              "25.0%", "7"]
+    # A run recorded before the engine's steps and waits were: no share, no waits.
     older = answer_lag_lines(CpuSetup(like_answer_lags={"fcfs": [0, 30, 10]},
                                       like_fallback_steps={"fcfs": 12.0}), runs)[2]
-    assert older.split()[-2:] == ["12", "-"]
+    assert older.split()[-3:] == ["12", "-", "-"]
     assert answer_lag_lines(CpuSetup(), {"fcfs": [{}]}) == []

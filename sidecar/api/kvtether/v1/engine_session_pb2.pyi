@@ -163,20 +163,24 @@ class StepWork(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., busy_s: _Optional[float] = ..., prefill_tokens: _Optional[int] = ..., decode_seqs: _Optional[int] = ...) -> None: ...
 
 class EngineCounters(_message.Message):
-    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases", "answers_by_lag_steps", "provisional_block_seconds")
+    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases", "answers_by_lag_steps", "provisional_block_seconds", "idle_waits", "idle_waits_missed")
     FALLBACK_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESYNCS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PIN_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
     IDLE_PIN_RELEASES_FIELD_NUMBER: _ClassVar[int]
     ANSWERS_BY_LAG_STEPS_FIELD_NUMBER: _ClassVar[int]
     PROVISIONAL_BLOCK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_WAITS_MISSED_FIELD_NUMBER: _ClassVar[int]
     fallback_steps: int
     resyncs: int
     local_pin_expiries: int
     idle_pin_releases: int
     answers_by_lag_steps: _containers.RepeatedScalarFieldContainer[int]
     provisional_block_seconds: float
-    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ..., idle_pin_releases: _Optional[int] = ..., answers_by_lag_steps: _Optional[_Iterable[int]] = ..., provisional_block_seconds: _Optional[float] = ...) -> None: ...
+    idle_waits: int
+    idle_waits_missed: int
+    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ..., idle_pin_releases: _Optional[int] = ..., answers_by_lag_steps: _Optional[_Iterable[int]] = ..., provisional_block_seconds: _Optional[float] = ..., idle_waits: _Optional[int] = ..., idle_waits_missed: _Optional[int] = ...) -> None: ...
 
 class PinDecision(_message.Message):
     __slots__ = ("request_id", "action", "expires_at_s", "retention_priority", "retention_duration_s")
