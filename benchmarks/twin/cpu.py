@@ -89,6 +89,10 @@ class CpuSetup:
     # report every step. --answer-lag-drawn takes the engine's (the plugin's default),
     # so that the twin sends its reports on about as many steps as the engine does.
     pin_heartbeat_ms: float = 0.0
+    # Step as vLLM's engine core does, one more (empty) step after the last request
+    # finishes (simulator.simulate): there the plugin, idle, waits for the answer
+    # again. Twin CPU runs before this field did not.
+    step_to_return_finished: bool = True
 
     @classmethod
     def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
@@ -219,7 +223,8 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
         scheduler = build_engine(name, config, clock, daemon.address,
                                  setup.answer_lag(policy, seed), setup.pin_heartbeat_ms)
         try:
-            result = simulate(workload, scheduler, setup.step_model(), config, clock)
+            result = simulate(workload, scheduler, setup.step_model(), config, clock,
+                              step_to_return_finished=setup.step_to_return_finished)
             learned = learned_step_costs(daemon.address)
         finally:
             scheduler.shutdown()

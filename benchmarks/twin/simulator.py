@@ -269,8 +269,18 @@ def _model_output(scheduler: Any, scheduler_output: Any,
 
 def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
              config: EngineConfig, clock: VirtualClock, sample_every_s: float = 0.5,
-             progress: Callable[[str], None] | None = None) -> SimResult:
+             progress: Callable[[str], None] | None = None,
+             step_to_return_finished: bool = False) -> SimResult:
+    """Run the workload's jobs through the scheduler on the clock, a step at a time.
+
+    ``step_to_return_finished``: step as vLLM's engine core does, while requests are
+    unfinished or finished ones are not yet returned (its ``has_requests()``): a
+    request that finishes last takes one more, empty step, at which the plugin applies
+    what has come and, idle, may wait again. False, the sweeps' (their points predate
+    it): step only while requests are unfinished."""
     started = time.perf_counter()
+    has_work = (scheduler.has_requests if step_to_return_finished
+                else scheduler.has_unfinished_requests)
     jobs = workload.jobs
     pool = scheduler.kv_cache_manager.block_pool
     start_free = pool.get_num_free_blocks()
@@ -293,7 +303,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
         job_index, _ = job_of_request[request.request_id]
         return tokens[job_index][request.num_tokens]
 
-    while events or scheduler.has_unfinished_requests():
+    while events or has_work():
         while events and events[0][0] <= clock.now_s:
             at_s, _, job_index, turn_index = heapq.heappop(events)
             job = jobs[job_index]
@@ -311,7 +321,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
             scheduler.add_request(_make_request(
                 request_id, tokens[job_index][:turn.prompt_tokens], workload.max_output_tokens,
                 at_s, extra, config.block_size))
-        if not scheduler.has_unfinished_requests():
+        if not has_work():
             clock.now_s = events[0][0]  # the engine sleeps until the next request
             continue
 

@@ -134,3 +134,27 @@ def test_a_lag_that_cannot_be_drawn_is_named(args: tuple[str, ...], named: str) 
     done = _twin_cpu(*args, "--seeds", "1")
     assert done.returncode != 0
     assert named in done.stderr, done.stderr[-2000:]
+
+
+RUN_21 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
+          / "18de9e7-epyc21-zen5-idle-waits-rounds4.json")  # its idle waits recorded
+
+
+def test_the_twin_steps_once_more_after_the_last_finish_as_vllm_does() -> None:
+    # vLLM's engine core steps while finished requests are not yet returned: one empty
+    # step after the last one finishes, at which the plugin, idle, reports the pin it
+    # was answered and waits again. Without it the twin's engine waited for the
+    # daemon 148 times a run like this VM's where the engine's continuum waited 273.
+    from dataclasses import replace
+
+    from benchmarks.twin.cpu import CpuSetup, run_policy
+
+    setup = replace(CpuSetup.like(RUN_21), draw_answer_lag=True, pin_heartbeat_ms=100.0)
+    like_vllm = run_policy(setup, "continuum", seed=0)
+    unfinished_only = run_policy(replace(setup, step_to_return_finished=False), "continuum",
+                                 seed=0)
+    assert like_vllm["steps"] > unfinished_only["steps"]
+    assert like_vllm["idle_waits"] > 1.15 * unfinished_only["idle_waits"], (
+        like_vllm["idle_waits"], unfinished_only["idle_waits"])
+    engine = json.loads(RUN_21.read_text())["policies"]["continuum"]
+    assert unfinished_only["idle_waits"] < like_vllm["idle_waits"] < engine["idle_waits"]
