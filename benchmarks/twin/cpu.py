@@ -142,14 +142,21 @@ class CpuSetup:
         if name is None:
             raise ValueError(f"{policy}: no answers by lag to draw from (the --like run "
                              "recorded none)")
+        recorded = self.like_answer_lags[name]
         steps = self.like_engine_steps.get(name)
         reports = self.like_reports.get(name)
         fallback = self.like_fallback_steps.get(name)
-        report_share, fallback_share = 1.0, None  # runs before f521b02: a report a step
-        if steps and reports and fallback is not None:
-            report_share, fallback_share = min(reports / steps, 1.0), min(fallback / steps, 1.0)
-        return _fit_lag(tuple(self.like_answer_lags[name]), self.answer_lag_tail_steps,
-                        report_share, fallback_share)
+        # The idle waits: counted since 18de9e7, before it the answers 0 steps late
+        # (only a waited answer lands then).
+        waited = self.like_idle_waits.get(name, recorded[0])
+        # Runs before f521b02: a report a step, no waits told apart.
+        report_share, fallback_share, wait_share = 1.0, None, 0.0
+        if steps and reports and fallback is not None and sum(recorded[1:]) > 0:
+            wait_share = min(waited / steps, 0.5)
+            report_share = min(max(reports - waited, 1.0) / steps, 1.0 - wait_share)
+            fallback_share = min(fallback / steps, 1.0)
+        return _fit_lag(tuple(recorded), self.answer_lag_tail_steps, report_share,
+                        fallback_share, wait_share)
 
     def like_name(self, policy: str) -> str | None:
         """The --like run's policy whose lags the policy draws from: itself, its name
@@ -176,10 +183,12 @@ class CpuSetup:
 
 @functools.cache
 def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None,
-             report_share: float = 1.0, fallback_share: float | None = None) -> FittedLag:
+             report_share: float = 1.0, fallback_share: float | None = None,
+             wait_share: float = 0.0) -> FittedLag:
     """A run's lags fitted once per process (a few seconds each)."""
     return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,),
-               report_share=report_share, fallback_share=fallback_share)
+               report_share=report_share, fallback_share=fallback_share,
+               wait_share=wait_share)
 
 
 def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
@@ -356,9 +365,10 @@ def answer_lag_lines(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> 
             notes.append(f"  {policy}: drawn " + " ".join(
                 f"{share:.1%}" for share in fitted.draw_shares)
                 + f", the last bucket + {fitted.tail_mean_steps:g} steps on average; kept "
-                  f"in order, reports on {fitted.report_share:.0%} of the steps, they land "
-                  f"within {fitted.error:.1%} of the run's, {fitted.fallback_share:.1%} "
-                  "of the steps without a fresh answer")
+                  f"in order, reports on {fitted.report_share:.0%} of the steps and idle "
+                  f"waits on {fitted.wait_share:.0%}, they land within {fitted.error:.1%} "
+                  f"of the run's, {fitted.fallback_share:.1%} of the steps without a "
+                  "fresh answer")
     if not rows:
         return []
     buckets = max(len(row[1]) for row in rows)

@@ -162,6 +162,57 @@ def test_the_fit_at_the_runs_report_share_lands_its_stale_steps_too() -> None:
         fit(run.shares, tails, fallback_share=1.5)
 
 
+def test_an_idle_wait_lands_its_answer_at_once_and_ends_the_stall() -> None:
+    # Every report drawn 30 steps late; the engine goes idle on a tenth of the steps and
+    # waits: its own answer lands 0 steps late, and so does all sent before it.
+    stalled = replay([0, 0, 0, 0, 0, 0, 0, 1], tail_mean_steps=0.0, steps=20_000, seed=2,
+                     report_share=0.3)
+    waits = replay([0, 0, 0, 0, 0, 0, 0, 1], tail_mean_steps=0.0, steps=20_000, seed=2,
+                   report_share=0.3, wait_share=0.1)
+    assert stalled.shares[0] == 0.0 and stalled.shares[7] == 1.0
+    assert waits.shares[0] == pytest.approx(0.1 / 0.4, abs=0.02)
+    # 7 or more steps to the next wait: about half the gaps between waits.
+    assert 0.3 < waits.shares[7] < 0.7
+    assert waits.fallback_share < 0.8 * stalled.fallback_share
+    with pytest.raises(ValueError, match=re.escape("wait share 0.8")):
+        replay([1], tail_mean_steps=0.0, report_share=0.3, wait_share=0.8)
+
+
+def test_the_fit_with_idle_waits_draws_no_answer_on_time() -> None:
+    # A run whose answers on time were all waited for: the fit draws the rest from
+    # 1 step on, and with the waits lands as the run did.
+    drawn = [0.0, 0.5, 0.4, 0.0, 0.0, 0.0, 0.05, 0.05]
+    run = replay(drawn, tail_mean_steps=24.0, steps=30_000, seed=7, report_share=0.2,
+                 wait_share=0.08)
+    fitted = fit(run.shares, (0.0, 24.0), iterations=12, steps=3_000, report_share=0.2,
+                 fallback_share=run.fallback_share, wait_share=0.08)
+    assert fitted.draw_shares[0] == 0.0 and fitted.wait_share == 0.08
+    assert fitted.error < 0.03
+    assert fitted.fallback_share == pytest.approx(run.fallback_share, abs=0.05)
+    with pytest.raises(ValueError, match="none 1 or more steps late"):
+        fit([5.0, 0.0], wait_share=0.1)
+
+
+def test_answers_the_plugin_waits_for_land_at_once_with_all_before_them() -> None:
+    # Every answer drawn 5 steps late; at step 3 the engine goes idle and the plugin
+    # waits: the daemon has the CPU, so they all come now, the one to this step's
+    # report 0 steps late, and none is left to land later.
+    agent = SimpleNamespace(step_index=0, _sent_at_step={},
+                            settings=SimpleNamespace(deadline_s=0.02))
+    sent: list[SimpleNamespace] = []
+    agent.link = SimpleNamespace(take_decisions=lambda wait_s: sent[-1:])
+    _answer_every_report(agent, lambda: 5)
+    applied = []
+    for step in range(1, 6):
+        agent.step_index = step
+        sent.append(SimpleNamespace(seq=step))
+        agent._sent_at_step[step] = step
+        idle = step == 3
+        applied.append([answer.seq for answer in
+                        agent.link.take_decisions(0.02 if idle else 0.0)])
+    assert applied == [[], [], [1, 2, 3], [], []]
+
+
 def test_drawn_answers_land_steps_after_their_report_and_in_order() -> None:
     # A report each step; the first's answer drawn 4 steps late, the rest 1: the second
     # cannot overtake the first (one stream, in order), and none lands before its step.
@@ -199,6 +250,21 @@ def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
     assert CpuSetup.like(RUN_17).answer_lag("adaptive", seed=0) == 1, "its median, 2, less 1"
     with pytest.raises(ValueError, match="no answers by lag to draw from"):
         CpuSetup(draw_answer_lag=True).answer_lag("fcfs", seed=0)
+
+
+def test_the_lags_are_fitted_with_the_runs_idle_waits() -> None:
+    # The run's idle waits a round (counted since 18de9e7; before, its answers 0 steps
+    # late) go out on their share of the steps, the other reports on theirs.
+    setup = CpuSetup(draw_answer_lag=True, answer_lag_tail_steps=4.0,
+                     like_answer_lags={"fcfs": [25.0, 50.0, 20.0, 0, 0, 0, 0, 5.0]},
+                     like_engine_steps={"fcfs": 400.0}, like_reports={"fcfs": 100.0},
+                     like_fallback_steps={"fcfs": 40.0}, like_idle_waits={"fcfs": 26.0})
+    fitted = setup.fitted_lag("fcfs")
+    assert fitted.draw_shares[0] == 0.0
+    assert (fitted.wait_share, fitted.report_share) == (26 / 400, 74 / 400)
+    older = replace(setup, like_idle_waits={})
+    assert (older.fitted_lag("fcfs").wait_share,
+            older.fitted_lag("fcfs").report_share) == (25 / 400, 75 / 400)
 
 
 def test_the_twins_lags_are_printed_beside_the_runs() -> None:
