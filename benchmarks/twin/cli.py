@@ -514,7 +514,14 @@ def cmd_criteria(args: argparse.Namespace) -> int:
 
 
 def cmd_cpu(args: argparse.Namespace) -> int:
-    from benchmarks.twin.cpu import CpuSetup, compare, report, result_json, with_overrides
+    from benchmarks.twin.cpu import (
+        CpuSetup,
+        compare,
+        report,
+        result_json,
+        with_overrides,
+        with_twin_waits,
+    )
 
     try:
         setup = CpuSetup.like(args.like) if args.like is not None else CpuSetup()
@@ -554,8 +561,11 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     for policy in policies:
         if policy.split("@")[0] not in SWEEP_POLICIES:
             raise SystemExit(f"--policies: {policy!r} is not one of {', '.join(SWEEP_POLICIES)}")
-    runs = compare(setup, policies, range(args.seeds),
-                   say=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    def say(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    setup = with_twin_waits(setup, policies, seed=0, say=say)
+    runs = compare(setup, policies, range(args.seeds), say=say)
     print(report(setup, runs, policies[0]))
     if args.out is not None:
         _write_json(args.out, result_json(setup, runs))

@@ -89,6 +89,10 @@ class CpuSetup:
     # report every step. --answer-lag-drawn takes the engine's (the plugin's default),
     # so that the twin sends its reports on about as many steps as the engine does.
     pin_heartbeat_ms: float = 0.0
+    # The twin's own idle waits a step, by policy, measured on a first run
+    # (with_twin_waits): the fit places the waits where the twin will have them, which
+    # go idle less often than the engine (its waits, like_idle_waits, are the fallback).
+    twin_wait_shares: dict[str, float] = field(default_factory=dict)
     # Step as vLLM's engine core does, one more (empty) step after the last request
     # finishes (simulator.simulate): there the plugin, idle, waits for the answer
     # again. Twin CPU runs before this field did not.
@@ -152,7 +156,8 @@ class CpuSetup:
         # Runs before f521b02: a report a step, no waits told apart.
         report_share, fallback_share, wait_share = 1.0, None, 0.0
         if steps and reports and fallback is not None and sum(recorded[1:]) > 0:
-            wait_share = min(waited / steps, 0.5)
+            # At most half the steps waits: the replay places them beside the reports.
+            wait_share = min(self.twin_wait_shares.get(policy, waited / steps), 0.5)
             report_share = min(max(reports - waited, 1.0) / steps, 1.0 - wait_share)
             fallback_share = min(fallback / steps, 1.0)
         return _fit_lag(tuple(recorded), self.answer_lag_tail_steps, report_share,
@@ -274,6 +279,26 @@ def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
         per_s = rate.per_s()
         shares.append(0.0 if per_s is None else per_s * learned_s_per_token)
     return summarize(shares, saturated_at(policy))
+
+
+def with_twin_waits(setup: CpuSetup, policies: Sequence[str], seed: int,
+                    say: Any = None) -> CpuSetup:
+    """With drawn lags, ``setup`` with the twin's own idle waits a step for each policy,
+    from a run of it on ``seed``: the fit replays the waits at the rate the twin's
+    engine goes idle (an idle wait lands every answer sent), not the engine's, which
+    on every VM measured went idle more often (180 waits a round against the twin's
+    150 for FCFS on the twenty-first)."""
+    if not setup.draw_answer_lag:
+        return setup
+    shares = {}
+    for policy in policies:
+        summary = run_policy(setup, policy, seed)
+        if summary.get("idle_waits") is not None and summary["steps"]:
+            shares[policy] = summary["idle_waits"] / summary["steps"]
+            if say is not None:
+                say(f"{policy}: the twin's engine waited for its answers on "
+                    f"{shares[policy]:.1%} of its steps (seed {seed})")
+    return replace(setup, twin_wait_shares=shares)
 
 
 def compare(setup: CpuSetup, policies: Sequence[str], seeds: Sequence[int],
@@ -467,7 +492,7 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
             "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
             "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share",
-            "answers_by_lag_steps", "fallback_steps", "steps")
+            "answers_by_lag_steps", "fallback_steps", "steps", "idle_waits")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}

@@ -4,6 +4,7 @@ as an engineer runs it, from a committed real-engine result."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,10 +102,16 @@ def test_drawn_lags_replay_the_engines_reports_and_its_stale_steps(tmp_path: Pat
     # those land at once in the twin, the rest are drawn.
     waits = adaptive["answers_by_lag_steps"]["0"]
     report_share = (adaptive["daemon_reports"] - waits) / adaptive["engine_steps"]
-    wait_share = waits / adaptive["engine_steps"]
-    assert (f"reports on {report_share:.0%} of the steps and idle waits on "
-            f"{wait_share:.0%}") in done.stdout, done.stdout
+    assert f"reports on {report_share:.0%} of the steps and idle waits on" in done.stdout, \
+        done.stdout
     assert "pins re-reported every 100 ms" in done.stdout
+    # The fit places the idle waits at the rate the twin's engine has them, measured
+    # on a first run of each policy.
+    measured = re.search(r"adaptive: the twin's engine waited for its answers on "
+                         r"([0-9.]+)% of its steps", done.stderr)
+    assert measured is not None, done.stderr[-2000:]
+    twin_share = float(measured.group(1)) / 100
+    assert f"idle waits on {twin_share:.0%}," in done.stdout, done.stdout
     result = json.loads(out.read_text())
     assert result["setup"]["pin_heartbeat_ms"] == 100.0
     twin = result["policies"]["adaptive"][0]

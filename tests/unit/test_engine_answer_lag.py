@@ -267,6 +267,20 @@ def test_the_lags_are_fitted_with_the_runs_idle_waits() -> None:
             older.fitted_lag("fcfs").report_share) == (25 / 400, 75 / 400)
 
 
+def test_the_fit_places_the_waits_where_the_twin_has_them() -> None:
+    # Measured on a first run, the twin's own idle waits a step replace the engine's
+    # (its engine goes idle less often): the fit's replay ends as many stalls as the
+    # twin's waits will.
+    setup = CpuSetup(draw_answer_lag=True, answer_lag_tail_steps=4.0,
+                     like_answer_lags={"fcfs": [25.0, 50.0, 20.0, 0, 0, 0, 0, 5.0]},
+                     like_engine_steps={"fcfs": 400.0}, like_reports={"fcfs": 100.0},
+                     like_fallback_steps={"fcfs": 40.0}, like_idle_waits={"fcfs": 26.0},
+                     twin_wait_shares={"fcfs": 0.02})
+    fitted = setup.fitted_lag("fcfs")
+    assert (fitted.wait_share, fitted.report_share) == (0.02, 74 / 400)
+    assert replace(setup, twin_wait_shares={}).fitted_lag("fcfs").wait_share == 26 / 400
+
+
 def test_the_twins_lags_are_printed_beside_the_runs() -> None:
     setup = CpuSetup(like_answer_lags={"fcfs": [6, 30, 10]},
                      like_fallback_steps={"fcfs": 12.0}, like_engine_steps={"fcfs": 48.0},
