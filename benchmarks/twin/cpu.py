@@ -153,13 +153,19 @@ class CpuSetup:
         # The idle waits: counted since 18de9e7, before it the answers 0 steps late
         # (only a waited answer lands then).
         waited = self.like_idle_waits.get(name, recorded[0])
-        # Runs before f521b02: a report a step, no waits told apart.
         report_share, fallback_share, wait_share = 1.0, None, 0.0
-        if steps and reports and fallback is not None and sum(recorded[1:]) > 0:
+        if sum(recorded[1:]) <= 0:
+            pass  # every answer waited for: drawn as recorded, a report a step
+        elif steps and reports and fallback is not None:
             # At most half the steps waits: the replay places them beside the reports.
             wait_share = min(self.twin_wait_shares.get(policy, waited / steps), 0.5)
             report_share = min(max(reports - waited, 1.0) / steps, 1.0 - wait_share)
             fallback_share = min(fallback / steps, 1.0)
+        elif policy in self.twin_wait_shares:
+            # Runs before f521b02 did not record their steps: a report a step, less
+            # the twin's waits.
+            wait_share = min(self.twin_wait_shares[policy], 0.5)
+            report_share = 1.0 - wait_share
         return _fit_lag(tuple(recorded), self.answer_lag_tail_steps, report_share,
                         fallback_share, wait_share)
 

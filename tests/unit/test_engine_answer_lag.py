@@ -247,6 +247,10 @@ def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
     # A run from before the engine's steps were recorded: fitted at a report a step.
     assert "adaptive" not in setup.like_engine_steps
     assert setup.fitted_lag("adaptive").report_share == 1.0
+    # With the twin's idle waits measured, those take their share of the steps.
+    measured = replace(setup, twin_wait_shares={"adaptive": 0.03}).fitted_lag("adaptive")
+    assert (measured.wait_share, measured.report_share) == (0.03, 0.97)
+    assert measured.draw_shares[0] == 0.0
     assert CpuSetup.like(RUN_17).answer_lag("adaptive", seed=0) == 1, "its median, 2, less 1"
     with pytest.raises(ValueError, match="no answers by lag to draw from"):
         CpuSetup(draw_answer_lag=True).answer_lag("fcfs", seed=0)
