@@ -561,6 +561,7 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     for policy in policies:
         if policy.split("@")[0] not in SWEEP_POLICIES:
             raise SystemExit(f"--policies: {policy!r} is not one of {', '.join(SWEEP_POLICIES)}")
+
     def say(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 

@@ -141,7 +141,10 @@ class CpuSetup:
 
     def fitted_lag(self, policy: str) -> FittedLag:
         """The lags the policy's answers are drawn from (:func:`benchmarks.twin.lag.fit`),
-        at the run's report share and fallback share where it recorded its steps."""
+        at the run's report share and fallback share where it recorded its steps, with
+        idle waits on the share of the steps the twin's engine has them (measured,
+        ``twin_wait_shares``; else the run's). The answers 0 steps late are those waits'
+        (counted since 18de9e7; before, a run's answers 0 steps late are its waits)."""
         name = self.like_name(policy)
         if name is None:
             raise ValueError(f"{policy}: no answers by lag to draw from (the --like run "
@@ -150,21 +153,21 @@ class CpuSetup:
         steps = self.like_engine_steps.get(name)
         reports = self.like_reports.get(name)
         fallback = self.like_fallback_steps.get(name)
-        # The idle waits: counted since 18de9e7, before it the answers 0 steps late
-        # (only a waited answer lands then).
         waited = self.like_idle_waits.get(name, recorded[0])
+        twin_waits = self.twin_wait_shares.get(policy)
+        # Every answer waited for leaves nothing to draw: drawn as recorded, a report a
+        # step (as runs before f521b02 without the twin's waits measured).
         report_share, fallback_share, wait_share = 1.0, None, 0.0
-        if sum(recorded[1:]) <= 0:
-            pass  # every answer waited for: drawn as recorded, a report a step
-        elif steps and reports and fallback is not None:
+        drawable = sum(recorded[1:]) > 0
+        if drawable and steps and reports and fallback is not None:
             # At most half the steps waits: the replay places them beside the reports.
-            wait_share = min(self.twin_wait_shares.get(policy, waited / steps), 0.5)
+            wait_share = min(twin_waits if twin_waits is not None else waited / steps, 0.5)
             report_share = min(max(reports - waited, 1.0) / steps, 1.0 - wait_share)
             fallback_share = min(fallback / steps, 1.0)
-        elif policy in self.twin_wait_shares:
-            # Runs before f521b02 did not record their steps: a report a step, less
-            # the twin's waits.
-            wait_share = min(self.twin_wait_shares[policy], 0.5)
+        elif drawable and twin_waits is not None:
+            # Runs before f521b02 did not record their steps: a report a step, less the
+            # twin's waits.
+            wait_share = min(twin_waits, 0.5)
             report_share = 1.0 - wait_share
         return _fit_lag(tuple(recorded), self.answer_lag_tail_steps, report_share,
                         fallback_share, wait_share)
@@ -290,10 +293,11 @@ def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
 def with_twin_waits(setup: CpuSetup, policies: Sequence[str], seed: int,
                     say: Any = None) -> CpuSetup:
     """With drawn lags, ``setup`` with the twin's own idle waits a step for each policy,
-    from a run of it on ``seed``: the fit replays the waits at the rate the twin's
-    engine goes idle (an idle wait lands every answer sent), not the engine's, which
-    on every VM measured went idle more often (180 waits a round against the twin's
-    150 for FCFS on the twenty-first)."""
+    from one more run of it on ``seed``: the fit replays the waits at the rate the
+    twin's engine goes idle (an idle wait lands every answer sent), not the engine's,
+    which went idle more often where measured (FCFS: 180 waits a round against the
+    twin's 150 on the twenty-first VM; 122 answers 0 steps late against 74 on the
+    twentieth)."""
     if not setup.draw_answer_lag:
         return setup
     shares = {}
