@@ -478,6 +478,10 @@ def _parser() -> argparse.ArgumentParser:
                           "learns it); python -m benchmarks.engine.attention measures both")
     cpu.add_argument("--gap-s", type=float,
                      help="seconds a turn spends outside vLLM (HTTP, the client)")
+    cpu.add_argument("--api-busy-rate", type=float,
+                     help="the share of the API server's pace left while the engine "
+                          "computes a step (default 0.1, fitted to the CPU engine's idle "
+                          "waits; 1: --gap-s a fixed delay before each request)")
     cpu.add_argument("--answer-lag-steps", type=int,
                      help="the daemon's answers land this many steps after the next "
                           "(default 0, or --like's run's median lag less 1)")
@@ -519,6 +523,7 @@ def cmd_cpu(args: argparse.Namespace) -> int:
         compare,
         report,
         result_json,
+        with_api_delay,
         with_overrides,
         with_twin_waits,
     )
@@ -531,6 +536,7 @@ def cmd_cpu(args: argparse.Namespace) -> int:
                            blocks=args.blocks, step_s=args.step_s,
                            prefill_s_per_token=args.prefill_s_per_token,
                            attention_s_per_pair=args.attention_s_per_pair, gap_s=args.gap_s,
+                           api_busy_rate=args.api_busy_rate,
                            answer_lag_steps=args.answer_lag_steps,
                            draw_answer_lag=args.answer_lag_drawn or None,
                            answer_lag_tail_steps=args.answer_lag_tail_steps)
@@ -555,6 +561,10 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     if setup.draw_answer_lag and not setup.like_answer_lags:
         raise SystemExit("--answer-lag-drawn: needs --like with a run that recorded its "
                          "answers by lag (answers_by_lag_steps)")
+    if not 0.0 < setup.api_busy_rate <= 1.0:
+        raise SystemExit(f"--api-busy-rate: {setup.api_busy_rate} must be in (0, 1]")
+    if not setup.gap_s >= 0.0:
+        raise SystemExit(f"--gap-s: {setup.gap_s} must be >= 0")
     if not setup.attention_s_per_pair >= 0.0:
         raise SystemExit(f"--attention-s-per-pair: {setup.attention_s_per_pair} must be >= 0")
     policies = [p for p in args.policies.split(",") if p]
@@ -565,6 +575,7 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 
+    setup = with_api_delay(setup, seeds=range(min(args.seeds, 3)), say=say)
     setup = with_twin_waits(setup, policies, seed=0, say=say)
     runs = compare(setup, policies, range(args.seeds), say=say)
     print(report(setup, runs, policies[0]))

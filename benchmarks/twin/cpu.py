@@ -32,8 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.twin import workload as wl
+from benchmarks.twin.frontend import FrontEnd
 from benchmarks.twin.lag import TAIL_MEANS_STEPS, DrawnLag, FittedLag, fit
 from benchmarks.twin.steptime import StepTimeModel
+
+# The share of the API server's pace left while the CPU engine computes a step
+# (benchmarks.twin.frontend): like the twenty-second VM's run, the twin's FCFS goes
+# idle as often as that engine did with it (167 times a round against 169; 1, a fixed
+# delay before each request: 122; 0.3: 154), and like the twenty-first VM's too (182
+# against 180; 1: 150). A trace of that engine saw 30 of 34 requests sent while it
+# computed reach it only after it went idle.
+API_BUSY_RATE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +68,13 @@ class CpuSetup:
     attention_s_per_pair: float = 0.0
     # Seconds a turn spends outside vLLM (client to API server and back).
     gap_s: float = 0.0
+    # The API server a request passes on its way to the scheduler (benchmarks.twin.
+    # frontend), where the twin spends gap_s: the share of its pace left while the
+    # engine computes a step (1: the gap a fixed delay before each request), and its
+    # work a request at full pace (None: fitted, with_api_delay, so that requests take
+    # gap_s on their way on average, as the run's spent outside vLLM).
+    api_busy_rate: float = API_BUSY_RATE
+    api_delay_s: float | None = None
     # Steps the daemon's answers land after the next one (the twin's default: none;
     # an engine whose answers take a median of k steps: k - 1).
     answer_lag_steps: int = 0
@@ -90,8 +106,8 @@ class CpuSetup:
     # so that the twin sends its reports on about as many steps as the engine does.
     pin_heartbeat_ms: float = 0.0
     # The twin's own idle waits a step, by policy, measured on a first run
-    # (with_twin_waits): the fit places the waits where the twin will have them, which
-    # go idle less often than the engine (its waits, like_idle_waits, are the fallback).
+    # (with_twin_waits): the fit places the waits where the twin will have them (the
+    # engine's, like_idle_waits, are the fallback).
     twin_wait_shares: dict[str, float] = field(default_factory=dict)
     # Step as vLLM's engine core does, one more (empty) step after the last request
     # finishes (simulator.simulate): there the plugin, idle, waits for the answer
@@ -185,9 +201,13 @@ class CpuSetup:
         return None if name is None else self.like_answer_lags[name]
 
     def workload(self, seed: int) -> wl.Workload:
+        """The seed's jobs; the time outside vLLM is the front end's (``front``)."""
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
-        return wl.scaled(base, self.scale, self.time_scale, self.max_output_tokens,
-                         self.gap_s)
+        return wl.scaled(base, self.scale, self.time_scale, self.max_output_tokens)
+
+    def front(self) -> FrontEnd:
+        delay_s = self.gap_s if self.api_delay_s is None else self.api_delay_s
+        return FrontEnd(delay_s=delay_s, busy_rate=self.api_busy_rate)
 
     def step_model(self) -> StepTimeModel:
         return StepTimeModel(fixed_s=self.step_s, prefill_s_per_token=self.prefill_s_per_token,
@@ -247,7 +267,8 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
                                  setup.answer_lag(policy, seed), setup.pin_heartbeat_ms)
         try:
             result = simulate(workload, scheduler, setup.step_model(), config, clock,
-                              step_to_return_finished=setup.step_to_return_finished)
+                              step_to_return_finished=setup.step_to_return_finished,
+                              front=setup.front())
             learned = learned_step_costs(daemon.address)
         finally:
             scheduler.shutdown()
@@ -257,6 +278,7 @@ def run_policy(setup: CpuSetup, policy: str, seed: int) -> dict[str, Any]:
     summary["fallback_steps"] = result.plugin_counters.get("fallback_steps")
     summary["idle_waits"] = result.plugin_counters.get("idle_waits")
     summary["steps"] = result.steps
+    summary["api_s"] = result.api_s_mean
     # The prompt token's cost the daemon learned from the twin's steps, as the engine
     # benchmark records it: with an attention term it depends on the contexts the
     # policy's tokens were computed after.
@@ -290,14 +312,38 @@ def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
     return summarize(shares, saturated_at(policy))
 
 
+def with_api_delay(setup: CpuSetup, seeds: Sequence[int], say: Any = None,
+                   baseline: str = "fcfs", tolerance: float = 0.02) -> CpuSetup:
+    """``setup`` with the API server's work a request (``api_delay_s``) such that the
+    ``baseline``'s requests take ``gap_s`` on their way to the scheduler on average over
+    ``seeds``, as the --like run's spent outside vLLM: the requests the engine's steps
+    slow down take longer than that work. A few more runs of the baseline a seed."""
+    if setup.api_delay_s is not None:
+        return setup
+    delay_s = setup.gap_s
+    if setup.gap_s > 0.0 and setup.api_busy_rate < 1.0:
+        for _ in range(4):
+            api_s = statistics.mean(
+                run_policy(replace(setup, api_delay_s=delay_s), baseline, seed)["api_s"]
+                for seed in seeds)
+            if say is not None:
+                say(f"the API server's work {delay_s * 1000:.1f} ms a request: "
+                    f"{api_s * 1000:.1f} ms on the way, the run's {setup.gap_s * 1000:.1f} ms "
+                    f"outside vLLM ({baseline}, seeds {min(seeds)}-{max(seeds)})")
+            if abs(api_s - setup.gap_s) <= tolerance * setup.gap_s:
+                break
+            delay_s *= setup.gap_s / api_s
+    return replace(setup, api_delay_s=delay_s)
+
+
 def with_twin_waits(setup: CpuSetup, policies: Sequence[str], seed: int,
                     say: Any = None) -> CpuSetup:
     """With drawn lags, ``setup`` with the twin's own idle waits a step for each policy,
     from one more run of it on ``seed``: the fit replays the waits at the rate the
-    twin's engine goes idle (an idle wait lands every answer sent), not the engine's,
-    which went idle more often where measured (FCFS: 180 waits a round against the
-    twin's 150 on the twenty-first VM; 122 answers 0 steps late against 74 on the
-    twentieth)."""
+    twin's engine goes idle (an idle wait lands every answer sent), not the engine's.
+    The two differed most before the twin's API server slowed requests while the
+    engine computes (FCFS: 180 waits a round against the twin's 150 like the
+    twenty-first VM's run, 182 since; frontend.py)."""
     if not setup.draw_answer_lag:
         return setup
     shares = {}
@@ -334,7 +380,8 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
 
     lines = [f"twin, vLLM CPU setup: {setup.blocks} blocks of {setup.block_tokens} tokens, "
              f"{setup.jobs} {setup.kind} jobs at {setup.jobs_per_s:g}/s x{setup.scale:g}, "
-             f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM, step "
+             f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM ("
+             + front_words(setup) + "), step "
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
              f"token + {setup.attention_s_per_pair:.2e} s an attention pair, answers "
              + ("late as the --like run's (drawn, below)" if setup.draw_answer_lag
@@ -502,10 +549,18 @@ def result_json(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]]) -> dict[
             "preemptions", "pinned_blocks_avg", "provisional_blocks_avg", "kv_usage_avg",
             "ttft_ms", "learned_prefill_s_per_token", "per_turn_avg_latency_ms",
             "per_turn_prefix_cache_hit_rate", "per_turn_avg_prompt_tokens", "prefill_share",
-            "answers_by_lag_steps", "fallback_steps", "steps", "idle_waits")
+            "answers_by_lag_steps", "fallback_steps", "steps", "idle_waits", "api_s")
     return {"setup": asdict(setup),
             "policies": {policy: [{key: s.get(key) for key in keep} for s in summaries]
                          for policy, summaries in runs.items()}}
+
+
+def front_words(setup: CpuSetup) -> str:
+    front = setup.front()
+    if front.busy_rate >= 1.0:
+        return "before each request"
+    return (f"an API server's {front.delay_s * 1e3:.1f} ms a request, at "
+            f"{front.busy_rate:.0%} of its pace while the engine computes")
 
 
 def with_overrides(setup: CpuSetup, **overrides: Any) -> CpuSetup:

@@ -18,7 +18,6 @@ and a run is a deterministic function of its inputs.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import os
 import time
 from collections import deque
@@ -27,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.twin.frontend import Arrivals, FrontEnd
 from benchmarks.twin.steptime import StepTimeModel, shape_of
 from benchmarks.twin.workload import STOP_TOKEN_ID, Workload, job_tokens
 
 MODEL_DIR = Path(__file__).resolve().parent / "model" / "llama-3.1-8b"
 POLICIES = ("native", "fcfs", "continuum", "contextserve", "adaptive")
+NO_FRONT_END = FrontEnd()  # a request reaches the scheduler when it is sent
 _hash_ready = False  # vLLM's block-hash seed, set once per process
 
 
@@ -107,6 +108,9 @@ class SimResult:
     answers_by_lag_steps: list[int] = field(default_factory=list)
     pins_at_end: int = 0
     leaked_blocks: int = 0
+    # Seconds a request took from being sent to reaching the scheduler, on average
+    # (the front end's; 0 without one).
+    api_s_mean: float = 0.0
 
 
 @contextlib.contextmanager
@@ -278,14 +282,18 @@ def _model_output(scheduler: Any, scheduler_output: Any,
 def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
              config: EngineConfig, clock: VirtualClock, sample_every_s: float = 0.5,
              progress: Callable[[str], None] | None = None,
-             step_to_return_finished: bool = False) -> SimResult:
+             step_to_return_finished: bool = False,
+             front: FrontEnd = NO_FRONT_END) -> SimResult:
     """Run the workload's jobs through the scheduler on the clock, a step at a time.
 
     ``step_to_return_finished``: step as vLLM's engine core does, while requests are
     unfinished or finished ones are not yet returned (its ``has_requests()``): a
     request that finishes last takes one more, empty step, at which the plugin applies
     what has come and, idle, may wait again. False, the sweeps' (their points predate
-    it): step only while requests are unfinished."""
+    it): step only while requests are unfinished.
+
+    ``front``: the API server a request passes on its way to the scheduler (the
+    sweeps': none, a request reaches the scheduler when it is sent)."""
     started = time.perf_counter()
     has_work = (scheduler.has_requests if step_to_return_finished
                 else scheduler.has_unfinished_requests)
@@ -297,12 +305,9 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
                        job_finish_s=[None] * len(jobs))
     tokens: dict[int, list[int]] = {}  # job index -> its tokens, while it runs
     job_of_request: dict[str, tuple[int, int]] = {}
-    events: list[tuple[float, int, int, int]] = []  # (time, order, job, turn)
-    order = 0
+    arrivals = Arrivals(front)  # the turns sent, on their way to the scheduler
     for index, job in enumerate(jobs):
-        events.append((job.arrival_s, order, index, 0))
-        order += 1
-    heapq.heapify(events)
+        arrivals.send(job.arrival_s, index, 0)
     in_flight = 0
     next_sample_s = 0.0
     next_progress_s = 10.0
@@ -311,9 +316,8 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
         job_index, _ = job_of_request[request.request_id]
         return tokens[job_index][request.num_tokens]
 
-    while events or has_work():
-        while events and events[0][0] <= clock.now_s:
-            at_s, _, job_index, turn_index = heapq.heappop(events)
+    while arrivals or has_work():
+        for at_s, job_index, turn_index in arrivals.take_ready():
             job = jobs[job_index]
             turn = job.turns[turn_index]
             if turn_index == 0:
@@ -330,7 +334,8 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
                 request_id, tokens[job_index][:turn.prompt_tokens], workload.max_output_tokens,
                 at_s, extra, config.block_size))
         if not has_work():
-            clock.now_s = events[0][0]  # the engine sleeps until the next request
+            clock.now_s = arrivals.next_reach_s()  # the engine sleeps until a request
+            arrivals.advance(clock.now_s, busy=False)
             continue
 
         output = scheduler.schedule()
@@ -357,6 +362,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
             result.turns[request_id].preemptions += 1
             result.preemptions += 1
         clock.now_s += step_s
+        arrivals.advance(clock.now_s, busy=not shape.empty)
         outputs = scheduler.update_from_output(output, _model_output(scheduler, output,
                                                                      next_token))
         now_s = clock.now_s
@@ -380,9 +386,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
                     del tokens[job_index]
                     in_flight -= 1
                 else:
-                    heapq.heappush(events, (now_s + turn.tool_time_s, order, job_index,
-                                            turn_index + 1))
-                    order += 1
+                    arrivals.send(now_s + turn.tool_time_s, job_index, turn_index + 1)
         if now_s >= next_sample_s:
             pins = agent.pins if agent is not None else {}
             running = len(scheduler.running)
@@ -402,6 +406,7 @@ def simulate(workload: Workload, scheduler: Any, step_model: StepTimeModel,
                      f"{time.perf_counter() - started:6.1f} s")
             next_progress_s = now_s + 10.0
     result.end_s = clock.now_s
+    result.api_s_mean = arrivals.front_s_total / arrivals.reached if arrivals.reached else 0.0
     if agent is not None:
         result.pins_at_end = len(agent.pins)
         counters = agent.counters
