@@ -461,8 +461,8 @@ def _parser() -> argparse.ArgumentParser:
         "cpu", help="the real-engine benchmark's setup (vLLM's CPU build) over seeds")
     cpu.add_argument("--like", type=Path,
                      help="a benchmarks.engine result: its workload, its FCFS's learned "
-                          "step costs, time outside vLLM and median decision lag (flags "
-                          "override)")
+                          "step costs, time outside vLLM's scheduler and median decision "
+                          "lag (flags override)")
     cpu.add_argument("--policies", default="fcfs,continuum,adaptive",
                      help="comma-separated; the first is the baseline; NAME@KEY=VALUE "
                           "sets a parameter")
@@ -477,7 +477,8 @@ def _parser() -> argparse.ArgumentParser:
                           "--prefill-s-per-token (default 0: in it, as the daemon "
                           "learns it); python -m benchmarks.engine.attention measures both")
     cpu.add_argument("--gap-s", type=float,
-                     help="seconds a turn spends outside vLLM (HTTP, the client)")
+                     help="seconds a turn spends outside vLLM's scheduler (the client, "
+                          "HTTP, the API server)")
     cpu.add_argument("--api-busy-rate", type=float,
                      help="the share of the API server's pace left while the engine "
                           "computes a step (default 0.1, fitted to the CPU engine's idle "

@@ -6,16 +6,17 @@ tokens, the reference workload x0.6 with its tools x0.5, a real HTTP client. A r
 there varies by 10-20% with whatever else the 2 cores run, and the daemon answers a
 step or more late. Here the same setup runs in the twin's virtual time: vLLM's own
 scheduler with the engine's block size, cache and batch limits, the step costs the
-daemon learned on that engine, and the time a turn spent outside vLLM (HTTP, the API
-server, the client) added between a turn's answer and the next request. Each seed is
+daemon learned on that engine, and the time a turn spent outside vLLM's scheduler
+(the client, HTTP, the API server) spent on each request's way to it, through an API
+server the engine's steps slow down (``frontend.py``). Each seed is
 another draw of the same workload (arrivals, prompts, tools); the twin is
 deterministic, so a figure here moves only with the code.
 
     python -m benchmarks.twin cpu --like benchmarks/results/engine/runs/RUN.json --seeds 10
 
 ``--like`` takes a real-engine run's workload, its FCFS's learned step costs, time
-outside vLLM and the steps its answers took (the median of the histogram the engine
-reports, for runs that recorded it); flags override it. Where this twin and that run
+outside vLLM's scheduler and the steps its answers took (the median of the histogram
+the engine reports, for runs that recorded it); flags override it. Where this twin and that run
 agree, the policy's decisions explain the real result; where they do not, the
 difference lies in what the twin does not model (the spread of the daemon's lag, the
 cores the engine shares).
@@ -66,13 +67,13 @@ class CpuSetup:
     # in ``prefill_s_per_token`` as the daemon's linear fit does, an average over the
     # contexts the run's prompts were computed after.
     attention_s_per_pair: float = 0.0
-    # Seconds a turn spends outside vLLM (client to API server and back).
+    # Seconds a turn spends outside vLLM's scheduler (client, HTTP, the API server).
     gap_s: float = 0.0
     # The API server a request passes on its way to the scheduler (benchmarks.twin.
     # frontend), where the twin spends gap_s: the share of its pace left while the
     # engine computes a step (1: the gap a fixed delay before each request), and its
     # work a request at full pace (None: fitted, with_api_delay, so that requests take
-    # gap_s on their way on average, as the run's spent outside vLLM).
+    # gap_s on their way on average, as the run's spent outside the scheduler).
     api_busy_rate: float = API_BUSY_RATE
     api_delay_s: float | None = None
     # Steps the daemon's answers land after the next one (the twin's default: none;
@@ -117,7 +118,8 @@ class CpuSetup:
     @classmethod
     def like(cls, run_path: Path, baseline: str = "fcfs") -> CpuSetup:
         """The setup of a ``benchmarks.engine`` result: its workload, and what its
-        ``baseline`` run learned a step costs and spent outside vLLM a request."""
+        ``baseline`` run learned a step costs and spent outside vLLM's scheduler a
+        request."""
         try:
             data = json.loads(run_path.read_text())
             workload = data["workload"]
@@ -125,9 +127,9 @@ class CpuSetup:
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"{run_path}: not an engine benchmark result with a "
                              f"{baseline!r} run ({error})") from error
-        from benchmarks.engine.paired import _outside_vllm_s, median_answer_lag_steps
+        from benchmarks.engine.paired import median_answer_lag_steps
 
-        outside_s = _outside_vllm_s(run)
+        outside_s = outside_scheduler_s(run)
         # The twin applies an answer at the next step; the engine's median lag less that.
         lag_steps = median_answer_lag_steps(run)
         return cls(
@@ -201,7 +203,8 @@ class CpuSetup:
         return None if name is None else self.like_answer_lags[name]
 
     def workload(self, seed: int) -> wl.Workload:
-        """The seed's jobs; the time outside vLLM is the front end's (``front``)."""
+        """The seed's jobs; the time outside the scheduler is the front end's
+        (``front``)."""
         base = wl.generate(self.kind, self.jobs_per_s, seed=seed, num_jobs=self.jobs)
         return wl.scaled(base, self.scale, self.time_scale, self.max_output_tokens)
 
@@ -223,6 +226,24 @@ def _fit_lag(recorded: tuple[float, ...], tail_mean_steps: float | None,
     return fit(recorded, TAIL_MEANS_STEPS if tail_mean_steps is None else (tail_mean_steps,),
                report_share=report_share, fallback_share=fallback_share,
                wait_share=wait_share)
+
+
+def outside_scheduler_s(run: dict[str, Any]) -> float | None:
+    """What a request of ``run`` spent, on average, outside vLLM's scheduler: the
+    client's time less vLLM's queue, prefill and decode (the engine core's, from the
+    request queued to its last token). vLLM's e2e counts from the API server's receipt,
+    so it holds the request's wait in the API server, which is the twin's API server's
+    (frontend.py): the FCFS requests of a saturated 9x run took 51.5 ms outside e2e and
+    181.5 ms outside the scheduler. Runs without the three phases: outside e2e."""
+    client_s = run.get("client_request_mean_s")
+    phases = run.get("vllm_mean_s") or {}
+    if client_s is None:
+        return None
+    if all(phases.get(phase) is not None for phase in ("queue", "prefill", "decode")):
+        return float(client_s - phases["queue"] - phases["prefill"] - phases["decode"])
+    if phases.get("e2e") is not None:
+        return float(client_s - phases["e2e"])
+    return None
 
 
 def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
@@ -316,8 +337,8 @@ def with_api_delay(setup: CpuSetup, seeds: Sequence[int], say: Any = None,
                    baseline: str = "fcfs", tolerance: float = 0.02) -> CpuSetup:
     """``setup`` with the API server's work a request (``api_delay_s``) such that the
     ``baseline``'s requests take ``gap_s`` on their way to the scheduler on average over
-    ``seeds``, as the --like run's spent outside vLLM: the requests the engine's steps
-    slow down take longer than that work. A few more runs of the baseline a seed."""
+    ``seeds``, as the --like run's spent outside vLLM's scheduler: the requests the
+    engine's steps slow down take longer than that work. A few more runs of the baseline a seed."""
     if setup.api_delay_s is not None:
         return setup
     delay_s = setup.gap_s
@@ -329,7 +350,7 @@ def with_api_delay(setup: CpuSetup, seeds: Sequence[int], say: Any = None,
             if say is not None:
                 say(f"the API server's work {delay_s * 1000:.1f} ms a request: "
                     f"{api_s * 1000:.1f} ms on the way, the run's {setup.gap_s * 1000:.1f} ms "
-                    f"outside vLLM ({baseline}, seeds {min(seeds)}-{max(seeds)})")
+                    f"outside the scheduler ({baseline}, seeds {min(seeds)}-{max(seeds)})")
             if abs(api_s - setup.gap_s) <= tolerance * setup.gap_s:
                 break
             delay_s *= setup.gap_s / api_s
@@ -380,7 +401,7 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
 
     lines = [f"twin, vLLM CPU setup: {setup.blocks} blocks of {setup.block_tokens} tokens, "
              f"{setup.jobs} {setup.kind} jobs at {setup.jobs_per_s:g}/s x{setup.scale:g}, "
-             f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside vLLM ("
+             f"tools x{setup.time_scale:g} + {setup.gap_s:.3f} s outside the scheduler ("
              + front_words(setup) + "), step "
              f"{setup.step_s * 1e3:.2f} ms + {setup.prefill_s_per_token:.2e} s a prompt "
              f"token + {setup.attention_s_per_pair:.2e} s an attention pair, answers "

@@ -379,35 +379,32 @@ def generate(kind: str, jobs_per_s: float, seed: int = 0, duration_s: float | No
     )
 
 
-def scaled(workload: Workload, tokens: float, tool_time: float, max_output_tokens: int,
-           gap_s: float = 0.0) -> Workload:
+def scaled(workload: Workload, tokens: float, tool_time: float,
+           max_output_tokens: int) -> Workload:
     """``workload`` shrunk to a smaller engine, as the real-engine benchmark sends it
     (``benchmarks.engine``): every prompt and answer x ``tokens`` (answers at least 1
     and at most ``max_output_tokens``; a prompt at least one token past the context
-    before it), every tool x ``tool_time``, plus ``gap_s`` between a turn's answer and
-    the next request (what a turn spends outside the engine, in HTTP and the client,
-    which the twin otherwise does not have). Arrivals are kept."""
-    if tokens <= 0.0 or tool_time < 0.0 or gap_s < 0.0 or max_output_tokens < 1:
+    before it), every tool x ``tool_time``. Arrivals are kept. (The time a turn spends
+    outside the engine is the twin's API server's: ``frontend.py``.)"""
+    if tokens <= 0.0 or tool_time < 0.0 or max_output_tokens < 1:
         raise ValueError(f"scaled: tokens {tokens!r} must be > 0, tool_time {tool_time!r} "
-                         f"and gap_s {gap_s!r} >= 0, max_output_tokens "
-                         f"{max_output_tokens!r} >= 1")
+                         f">= 0, max_output_tokens {max_output_tokens!r} >= 1")
     jobs = []
     for job in workload.jobs:
         turns, context = [], 0
         for turn in job.turns:
             prompt = max(context + 1, round(turn.prompt_tokens * tokens))
             output = max(1, min(max_output_tokens, round(turn.output_tokens * tokens)))
-            wait_s = 0.0 if turn.is_last_step else turn.tool_time_s * tool_time + gap_s
+            wait_s = 0.0 if turn.is_last_step else turn.tool_time_s * tool_time
             turns.append(replace(turn, prompt_tokens=prompt, output_tokens=output,
                                  tool_time_s=round(wait_s, 6)))
             context = prompt + output
         jobs.append(replace(job, turns=tuple(turns)))
     return replace(workload, jobs=tuple(jobs), max_output_tokens=max_output_tokens,
-                   name=f"{workload.name}-x{tokens:g}-tools-x{tool_time:g}"
-                   + (f"-gap{gap_s:g}s" if gap_s else ""),
+                   name=f"{workload.name}-x{tokens:g}-tools-x{tool_time:g}",
                    generator={**workload.generator, "scaled": {
                        "tokens": tokens, "tool_time": tool_time,
-                       "max_output_tokens": max_output_tokens, "gap_s": gap_s}})
+                       "max_output_tokens": max_output_tokens}})
 
 
 # --- token ids --------------------------------------------------------------------------

@@ -215,19 +215,9 @@ def test_scaled_is_what_the_engine_benchmark_sends(reference: wl.Workload) -> No
             job.turns[-1].prompt_tokens + job.turns[-1].output_tokens)
 
 
-def test_scaled_adds_the_time_outside_the_engine_between_turns(reference: wl.Workload) -> None:
-    plain, gapped = wl.scaled(reference, 0.6, 0.5, 48), wl.scaled(reference, 0.6, 0.5, 48, 0.35)
-    for job, other in zip(plain.jobs, gapped.jobs, strict=True):
-        for turn, with_gap in zip(job.turns, other.turns, strict=True):
-            expected = 0.0 if turn.is_last_step else turn.tool_time_s + 0.35
-            assert with_gap.tool_time_s == pytest.approx(expected, abs=2e-6)
-    assert gapped.generator["scaled"]["gap_s"] == 0.35
-    assert gapped.name.endswith("-gap0.35s")
-
-
 @pytest.mark.parametrize(("args", "named"), [
     ((0.0, 0.5, 48), "tokens 0.0"), ((0.6, -1.0, 48), "tool_time -1.0"),
-    ((0.6, 0.5, 0), "max_output_tokens 0"), ((0.6, 0.5, 48, -0.1), "gap_s -0.1"),
+    ((0.6, 0.5, 0), "max_output_tokens 0"),
 ])
 def test_scaled_names_a_bad_argument(reference: wl.Workload, args: tuple[Any, ...],
                                      named: str) -> None:
