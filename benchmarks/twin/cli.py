@@ -562,6 +562,8 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     if setup.draw_answer_lag and not setup.like_answer_lags:
         raise SystemExit("--answer-lag-drawn: needs --like with a run that recorded its "
                          "answers by lag (answers_by_lag_steps)")
+    if args.seeds < 1:
+        raise SystemExit(f"--seeds: {args.seeds} must be >= 1")
     if not 0.0 < setup.api_busy_rate <= 1.0:
         raise SystemExit(f"--api-busy-rate: {setup.api_busy_rate} must be in (0, 1]")
     if not setup.gap_s >= 0.0:

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class FrontEnd:
+    """The API server: its work a request at its full pace, and the share of that pace
+    left while the engine computes a step."""
+
     delay_s: float = 0.0
     busy_rate: float = 1.0  # share of the API server's pace left while the engine computes
 

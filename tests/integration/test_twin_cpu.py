@@ -155,6 +155,18 @@ def test_a_lag_that_cannot_be_drawn_is_named(args: tuple[str, ...], named: str) 
     assert named in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("args", "named"), [
+    (("--seeds", "0"), "--seeds: 0 must be >= 1"),
+    (("--api-busy-rate", "0"), "--api-busy-rate: 0.0 must be in (0, 1]"),
+    (("--api-busy-rate", "1.5"), "--api-busy-rate: 1.5 must be in (0, 1]"),
+    (("--gap-s=-0.1",), "--gap-s: -0.1 must be >= 0"),
+])
+def test_a_bad_cpu_setup_is_named(args: tuple[str, ...], named: str) -> None:
+    done = _twin_cpu(*args, "--policies", "fcfs")
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr[-2000:]
+
+
 RUN_21 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
           / "18de9e7-epyc21-zen5-idle-waits-rounds4.json")  # its idle waits recorded
 
