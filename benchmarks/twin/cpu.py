@@ -16,8 +16,8 @@ deterministic, so a figure here moves only with the code.
 
 ``--like`` takes a real-engine run's workload, its FCFS's learned step costs, time
 outside vLLM's scheduler and the steps its answers took (the median of the histogram
-the engine reports, for runs that recorded it); flags override it. Where this twin and that run
-agree, the policy's decisions explain the real result; where they do not, the
+the engine reports, for runs that recorded it); flags override it. Where this twin and
+that run agree, the policy's decisions explain the real result; where they do not, the
 difference lies in what the twin does not model (the spread of the daemon's lag, the
 cores the engine shares).
 """
@@ -235,15 +235,14 @@ def outside_scheduler_s(run: dict[str, Any]) -> float | None:
     so it holds the request's wait in the API server, which is the twin's API server's
     (frontend.py): the FCFS requests of a saturated 9x run took 51.5 ms outside e2e and
     181.5 ms outside the scheduler. Runs without the three phases: outside e2e."""
+    from benchmarks.engine.paired import _outside_vllm_s
+
     client_s = run.get("client_request_mean_s")
     phases = run.get("vllm_mean_s") or {}
-    if client_s is None:
-        return None
-    if all(phases.get(phase) is not None for phase in ("queue", "prefill", "decode")):
+    if client_s is not None and all(phases.get(phase) is not None
+                                    for phase in ("queue", "prefill", "decode")):
         return float(client_s - phases["queue"] - phases["prefill"] - phases["decode"])
-    if phases.get("e2e") is not None:
-        return float(client_s - phases["e2e"])
-    return None
+    return _outside_vllm_s(run)
 
 
 def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
@@ -338,7 +337,8 @@ def with_api_delay(setup: CpuSetup, seeds: Sequence[int], say: Any = None,
     """``setup`` with the API server's work a request (``api_delay_s``) such that the
     ``baseline``'s requests take ``gap_s`` on their way to the scheduler on average over
     ``seeds``, as the --like run's spent outside vLLM's scheduler: the requests the
-    engine's steps slow down take longer than that work. A few more runs of the baseline a seed."""
+    engine's steps slow down take longer than that work. Costs up to four more runs
+    of the baseline on each seed."""
     if setup.api_delay_s is not None:
         return setup
     delay_s = setup.gap_s
