@@ -8,10 +8,13 @@ of its tag or collide with another key.
 
 from __future__ import annotations
 
+from sidecar.api.bounds import ALL_TOOLS
+
 PREFIX = "kvt:v1"
 
-# Pseudo-tool whose statistics pool every tool's samples (cold-start fallback).
-GLOBAL_TOOL = "*"
+# Pseudo-tool whose statistics pool every tool's samples (cold-start fallback); no
+# caller may name a tool so (sidecar.api.bounds).
+GLOBAL_TOOL = ALL_TOOLS
 
 
 def _escape(identifier: str) -> str:
