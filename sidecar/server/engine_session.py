@@ -1,14 +1,27 @@
-"""gRPC EngineSession: one bidirectional stream per engine, one decision per report."""
+"""gRPC EngineSession: one bidirectional stream per engine, one decision per report.
+
+A stream replaced by a newer one of the same engine id ends ABORTED;
+a unary Step for an engine with a live stream is FAILED_PRECONDITION
+(``sidecar.runtime.engines``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
-from sidecar.runtime.engines import EngineRegistry, InvalidReport
+from sidecar.runtime.engines import (
+    EngineRegistry,
+    EngineStream,
+    InvalidReport,
+    SessionConflict,
+    SessionReplaced,
+)
 from sidecar.telemetry import metrics
 
 
@@ -19,7 +32,11 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepDecision]:
-        session = object()
+        stream = EngineStream()
+        ending = _Ending(context)
+        # Ends the stream as soon as it is replaced, not at its next report: its peer
+        # is usually gone already (the engine reconnected), or must learn at once.
+        watch = asyncio.create_task(_end_when_replaced(stream, ending))
         engine_id: str | None = None
         metrics.ENGINE_SESSIONS.inc()
         try:
@@ -29,12 +46,16 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
                     await _refuse(context, InvalidReport(
                         "engine_id", f"changed from {engine_id!r} within one session"))
                 try:
-                    yield self._engines.handle(report, session)
+                    yield self._engines.handle(report, stream)
                 except InvalidReport as error:
                     await _refuse(context, error)
+                except SessionReplaced as error:
+                    await ending.abort(grpc.StatusCode.ABORTED, str(error))
+                    return  # ended already by the watch
         finally:
+            watch.cancel()
             metrics.ENGINE_SESSIONS.dec()
-            self._engines.disconnect(engine_id, session)
+            self._engines.disconnect(engine_id, stream)
 
     async def Step(
         self, request: pb.StepReport, context: grpc.aio.ServicerContext
@@ -44,6 +65,31 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
         except InvalidReport as error:
             await _refuse(context, error)
             raise  # unreachable: abort raises
+        except SessionConflict as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            raise  # unreachable: abort raises
+
+
+class _Ending:
+    """Ends a stream once, from its own handler or from the task watching it."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self._ended = False
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        """Raises AbortError, or returns where the stream was ended already."""
+        if self._ended:
+            return
+        self._ended = True
+        await self._context.abort(code, details)
+
+
+async def _end_when_replaced(stream: EngineStream, ending: _Ending) -> None:
+    await stream.replaced.wait()
+    assert stream.engine_id is not None  # set before any stream can be replaced
+    with contextlib.suppress(grpc.aio.AbortError):
+        await ending.abort(grpc.StatusCode.ABORTED, str(SessionReplaced(stream.engine_id)))
 
 
 async def _refuse(context: grpc.aio.ServicerContext, error: InvalidReport) -> None:
