@@ -1,6 +1,8 @@
 """gRPC EngineSession: one bidirectional stream per engine, one decision per report.
 
-A stream replaced by a newer one of the same engine id ends ABORTED;
+With auth tokens configured, both methods need a bearer token of an engine scope
+(``auth.engine_scopes``): UNAUTHENTICATED without a valid one, PERMISSION_DENIED for
+another scope's. A stream replaced by a newer one of the same engine id ends ABORTED;
 a unary Step for an engine with a live stream is FAILED_PRECONDITION
 (``sidecar.runtime.engines``).
 """
@@ -15,6 +17,7 @@ import grpc
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
+from sidecar.retention.auth import Authenticator, NotAnEngineScope, Unauthenticated
 from sidecar.runtime.engines import (
     EngineRegistry,
     EngineStream,
@@ -26,12 +29,25 @@ from sidecar.telemetry import metrics
 
 
 class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
-    def __init__(self, engines: EngineRegistry) -> None:
+    def __init__(self, engines: EngineRegistry, authenticator: Authenticator | None = None
+                 ) -> None:
         self._engines = engines
+        self._auth = authenticator if authenticator is not None else Authenticator({})
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if not self._auth.enabled:
+            return
+        try:
+            self._auth.engine_scope_of(context.invocation_metadata())
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+        except NotAnEngineScope as error:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepDecision]:
+        await self._authorize(context)
         stream = EngineStream()
         ending = _Ending(context)
         # Ends the stream as soon as it is replaced, not at its next report: its peer
@@ -60,6 +76,7 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
     async def Step(
         self, request: pb.StepReport, context: grpc.aio.ServicerContext
     ) -> pb.StepDecision:
+        await self._authorize(context)
         try:
             return self._engines.handle(request)
         except InvalidReport as error:

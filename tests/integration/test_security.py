@@ -16,6 +16,7 @@ import yaml
 
 from sidecar.api.v1 import (
     engine_session_pb2,
+    engine_session_pb2_grpc,
     inspect_pb2,
     inspect_pb2_grpc,
     retention_pb2,
@@ -27,6 +28,11 @@ from tests.support.certs import CertificateAuthority, Issued
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.redis_server import redis_binary
 from vllm_plugin.link import DaemonLink
+
+ENGINE_TOKEN = "engine-token-0123456789"
+ORCHESTRATOR_TOKEN = "orchestrator-token-0123456789"
+ENGINE_AUTH = {"auth": {"tokens": {ENGINE_TOKEN: "engines", ORCHESTRATOR_TOKEN: "dynamo"},
+                        "engine_scopes": ["engines"]}}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +179,9 @@ def test_inspect_on_its_own_port_only(tmp_path: Path) -> None:
 
 def test_retention_rate_limit_per_scope(tmp_path: Path) -> None:
     settings = {"auth": {"tokens": {"token-aaaaaaaaaaaaaaaa": "orchestrator-a",
-                                    "token-bbbbbbbbbbbbbbbb": "orchestrator-b"}},
+                                    "token-bbbbbbbbbbbbbbbb": "orchestrator-b",
+                                    ENGINE_TOKEN: "engines"},
+                         "engine_scopes": ["engines"]},
                 "limits": {"retention_calls_per_s": 1, "retention_burst": 3}}
     with daemon_with(tmp_path, settings) as daemon, grpc.insecure_channel(
             daemon.address) as channel:
@@ -199,7 +207,9 @@ def test_secrets_stay_out_of_logs(tmp_path: Path) -> None:
     password, token = "redis-s3cret-pw", "bearer-t0ken-value-0123456789"
     with redis_binary(extra_args=("--requirepass", password)) as (url, _process):
         secured = url.replace("redis://", f"redis://:{password}@")
-        settings = {"store": {"redis_url": secured}, "auth": {"tokens": {token: "dynamo"}}}
+        settings = {"store": {"redis_url": secured},
+                    "auth": {"tokens": {token: "dynamo", ENGINE_TOKEN: "engines"},
+                             "engine_scopes": ["engines"]}}
         with daemon_with(tmp_path, settings, "--log-level", "debug") as daemon:
             with grpc.insecure_channel(daemon.address) as channel:
                 stub = retention_pb2_grpc.RetentionStub(channel)
@@ -211,3 +221,49 @@ def test_secrets_stay_out_of_logs(tmp_path: Path) -> None:
             logs = daemon.process.stderr.read() if daemon.process.stderr else ""
     assert "daemon_serving" in logs and "dynamo" in logs
     assert password not in logs and token not in logs and "wrong-token" not in logs
+
+
+def engine_call_code(channel: grpc.Channel, method: str, token: str | None) -> grpc.StatusCode:
+    stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+    metadata = None if token is None else [("authorization", f"Bearer {token}")]
+    report = engine_session_pb2.StepReport(engine_id=f"{method}-{token}", seq=1, snapshot=True,
+                                           now_s=1.0)
+    try:
+        if method == "Step":
+            stub.Step(report, metadata=metadata, timeout=5)
+        else:
+            (decision,) = stub.Session(iter([report]), metadata=metadata, timeout=5)
+            assert decision.seq == 1 and not decision.resync_requested
+        return grpc.StatusCode.OK
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+
+
+def test_item6_engine_session_needs_a_token_of_an_engine_scope(tmp_path: Path) -> None:
+    with daemon_with(tmp_path, ENGINE_AUTH) as daemon, daemon.channel() as channel:
+        for method in ("Session", "Step"):
+            assert engine_call_code(channel, method, None) == grpc.StatusCode.UNAUTHENTICATED
+            assert engine_call_code(channel, method, "not-a-token-0123456789") == (
+                grpc.StatusCode.UNAUTHENTICATED)
+            assert engine_call_code(channel, method, ORCHESTRATOR_TOKEN) == (
+                grpc.StatusCode.PERMISSION_DENIED)
+            assert engine_call_code(channel, method, ENGINE_TOKEN) == grpc.StatusCode.OK
+        with pytest.raises(grpc.RpcError) as refused:
+            engine_session_pb2_grpc.EngineSessionStub(channel).Step(
+                engine_session_pb2.StepReport(engine_id="e", seq=1, snapshot=True),
+                metadata=[("authorization", f"Bearer {ORCHESTRATOR_TOKEN}")], timeout=5)
+        assert refused.value.details() == (
+            "scope 'dynamo' may not report engine steps: auth.engine_scopes lists ['engines']")
+
+
+def test_item6_an_engine_scope_without_a_token_stops_the_daemon(tmp_path: Path) -> None:
+    from tests.support.daemon import serve_command
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"tokens": {ENGINE_TOKEN: "engines"},
+                                               "engine_scopes": ["engines", "gpu-pool"]}}))
+    done = subprocess.run(serve_command("--config", str(config), "--metrics-port", "-1"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "auth: engine_scopes: scope 'gpu-pool' has no token" in done.stderr, done.stderr
+
