@@ -267,3 +267,53 @@ def test_item6_an_engine_scope_without_a_token_stops_the_daemon(tmp_path: Path) 
     assert done.returncode == 2
     assert "auth: engine_scopes: scope 'gpu-pool' has no token" in done.stderr, done.stderr
 
+
+def retention_reads_over_connections(address: str, connections: int, calls_each: int,
+                                     token: str | None = None) -> dict[grpc.StatusCode, int]:
+    """Each connection its own (no shared subchannel): a new client port each time."""
+    codes: dict[grpc.StatusCode, int] = {}
+    metadata = None if token is None else [("authorization", f"Bearer {token}")]
+    request = retention_pb2.GetDirectivesRequest(
+        target=retention_pb2.RetentionTarget(session_id="limited"))
+    for _ in range(connections):
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]
+                                   ) as channel:
+            stub = retention_pb2_grpc.RetentionStub(channel)
+            for _ in range(calls_each):
+                try:
+                    stub.GetDirectives(request, metadata=metadata, timeout=5)
+                    code = grpc.StatusCode.OK
+                except grpc.RpcError as error:
+                    code = error.code()
+                codes[code] = codes.get(code, 0) + 1
+    return codes
+
+
+def test_item7_anonymous_rate_limit_holds_across_connections(tmp_path: Path) -> None:
+    rate_per_s, burst = 5, 10
+    with daemon_with(tmp_path, {"limits": {"retention_calls_per_s": rate_per_s,
+                                           "retention_burst": burst}}) as daemon:
+        started = time.monotonic()
+        codes = retention_reads_over_connections(daemon.address, 50, 10)
+        elapsed_s = time.monotonic() - started
+    assert sum(codes.values()) == 500
+    accepted = codes.get(grpc.StatusCode.OK, 0)
+    assert accepted <= burst + rate_per_s * elapsed_s + 5, (codes, elapsed_s)
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] == 500 - accepted
+
+
+def test_item7_bad_tokens_are_limited_by_address_before_the_service_runs(
+        tmp_path: Path) -> None:
+    rate_per_s, burst = 5, 10
+    settings = {**ENGINE_AUTH, "limits": {"retention_calls_per_s": rate_per_s,
+                                          "retention_burst": burst}}
+    with daemon_with(tmp_path, settings) as daemon:
+        started = time.monotonic()
+        # Reads need no token; a caller whose token is not valid is keyed by its address.
+        codes = retention_reads_over_connections(daemon.address, 20, 10, "wrong-0123456789abc")
+        elapsed_s = time.monotonic() - started
+        # A valid token is its own caller, whatever the address.
+        assert retention_reads_over_connections(daemon.address, 1, 1, ORCHESTRATOR_TOKEN) == {
+            grpc.StatusCode.OK: 1}
+    assert codes.get(grpc.StatusCode.OK, 0) <= burst + rate_per_s * elapsed_s + 5, codes
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 100, codes
