@@ -163,13 +163,20 @@ def _check_tokens(tokens: Mapping[str, Any], source: str) -> dict[str, str]:
 
 
 class AuthConfig(_Section):
-    """Authenticated retention scopes: each bearer token (gRPC metadata
+    """Authenticated scopes: each bearer token (gRPC metadata
     ``authorization: Bearer <token>``) maps to the scope it acts as. None configured:
-    callers' scopes are claimed, not authenticated (a warning at start-up)."""
+    callers' scopes are claimed, not authenticated (a warning at start-up), and
+    engines report without a token.
+
+    With tokens, an engine reports steps (EngineSession) only with a token whose
+    scope ``engine_scopes`` lists; the other scopes are orchestrators' (Retention)."""
 
     tokens: dict[str, str] = Field(default_factory=dict)
     # A YAML (or JSON) mapping of token to scope, e.g. a mounted secret.
     tokens_file: Path | None = None
+    # The scopes whose tokens may report engine steps (the plugin's
+    # KVTETHER_PLUGIN_TOKEN); each needs a token above.
+    engine_scopes: tuple[str, ...] = ()
 
     @field_validator("tokens")
     @classmethod
@@ -177,8 +184,16 @@ class AuthConfig(_Section):
         return _check_tokens(value, "tokens")
 
     @model_validator(mode="after")
-    def _file(self) -> AuthConfig:
-        self.token_scopes()  # a bad or unreadable file fails at start-up
+    def _complete(self) -> AuthConfig:
+        scopes = set(self.token_scopes().values())  # a bad or unreadable file fails here
+        for scope in self.engine_scopes:
+            if scope not in scopes:
+                raise ValueError(f"engine_scopes: scope {scope[:32]!r} has no token in "
+                                 "auth.tokens or auth.tokens_file")
+        if scopes and not self.engine_scopes:
+            raise ValueError("engine_scopes: list the scope(s) whose tokens engines report "
+                             "with: with auth tokens set, an engine needs one "
+                             "(KVTETHER_PLUGIN_TOKEN)")
         return self
 
     def token_scopes(self) -> dict[str, str]:

@@ -97,7 +97,7 @@ class EngineAgent:
     ) -> None:
         self.sched = scheduler
         self.settings = settings
-        self.link = link if link is not None else DaemonLink(settings.daemon_address)
+        self.link = link if link is not None else DaemonLink.for_settings(settings)
         # vLLM stamps arrivals with time.time(); the daemon decides on this clock.
         self.clock_s = clock_s
         self._decode_tail = decode_tail

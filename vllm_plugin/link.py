@@ -25,6 +25,7 @@ import grpc
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
+from vllm_plugin.settings import PluginSettings
 
 logger = logging.getLogger("kvtether.plugin")
 
@@ -42,11 +43,13 @@ Finish = Callable[[pb.StepReport], None]
 class DaemonLink:
     def __init__(self, address: str, connect: bool = True,
                  credentials: grpc.ChannelCredentials | None = None,
-                 server_name: str = "") -> None:
+                 server_name: str = "", token: str = "") -> None:
         self.address = address
         # TLS (or mutual TLS) to the daemon; None: plaintext (loopback, Unix socket).
         self._credentials = credentials
         self._server_name = server_name
+        # The engine's bearer token, sent with every stream; empty: none (auth off).
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         # One outbox per connection: a stream that ended must not consume reports
         # meant for its successor (gRPC may still be draining its request iterator).
         self._outbox: queue.Queue[object] = queue.Queue(_MAX_QUEUED_REPORTS)
@@ -64,6 +67,18 @@ class DaemonLink:
         self._thread = threading.Thread(target=self._run, name="kvtether-link", daemon=True)
         if connect:
             self._thread.start()
+
+    @classmethod
+    def for_settings(cls, settings: PluginSettings) -> DaemonLink:
+        """The link the plugin's settings describe (address, TLS, token), connecting."""
+        credentials = None
+        if settings.tls:
+            from sidecar.server.transport import channel_credentials
+
+            credentials = channel_credentials(settings.tls_ca_file, settings.tls_cert_file,
+                                              settings.tls_key_file)
+        return cls(settings.daemon_address, credentials=credentials,
+                   server_name=settings.tls_server_name, token=settings.token)
 
     # --- engine thread ------------------------------------------------------------
     @property
@@ -162,7 +177,7 @@ class DaemonLink:
                 if attempt or self.reconnects:
                     logger.info("kvtether: connected to daemon at %s", self.address)
                 attempt = 0
-                for decision in stub.Session(self._reports(outbox)):
+                for decision in stub.Session(self._reports(outbox), metadata=self._metadata):
                     self._receive(decision)
                 if self._closing.is_set():
                     return

@@ -50,17 +50,6 @@ def _tail_decoder(vllm_config: Any) -> Callable[[Sequence[int]], str]:
     return decode
 
 
-def _link(settings: PluginSettings) -> DaemonLink:
-    credentials = None
-    if settings.tls:
-        from sidecar.server.transport import channel_credentials
-
-        credentials = channel_credentials(settings.tls_ca_file, settings.tls_cert_file,
-                                          settings.tls_key_file)
-    return DaemonLink(settings.daemon_address, credentials=credentials,
-                      server_name=settings.tls_server_name)
-
-
 class KvtetherMixin:
     """Put before vLLM's scheduler class in the bases. Holds no policy."""
 
@@ -88,7 +77,7 @@ class KvtetherMixin:
         self.kvtether = EngineAgent(
             self,
             settings,
-            link=_link(settings),
+            link=DaemonLink.for_settings(settings),
             decode_tail=_tail_decoder(sched.vllm_config),
             parse_tool=resolve_tool,
         )

@@ -35,6 +35,10 @@
   client certificate and key, for a daemon that requires mutual TLS.
 - ``KVTETHER_PLUGIN_TLS_SERVER_NAME``: the name to check the daemon's certificate
   against, when it differs from the address's host.
+- ``KVTETHER_PLUGIN_TOKEN`` / ``KVTETHER_PLUGIN_TOKEN_FILE``: the bearer token this engine
+  reports with (sent as ``authorization: Bearer <token>``), or a file holding it (e.g. a
+  mounted secret; surrounding whitespace is ignored). A daemon with auth tokens needs
+  one whose scope its ``auth.engine_scopes`` lists; one without auth ignores it.
 
 A bad value stops the engine at start-up with a message naming the variable: a
 misconfigured plugin must not silently run without its daemon.
@@ -45,7 +49,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREFIX = "KVTETHER_PLUGIN_"
 
@@ -82,6 +86,8 @@ class PluginSettings:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_server_name: str = ""
+    # A secret: kept out of the settings' repr (and so out of logs).
+    token: str = field(default="", repr=False)
 
     @property
     def tls(self) -> bool:
@@ -124,6 +130,7 @@ class PluginSettings:
         if bool(tls_files["tls_cert_file"]) != bool(tls_files["tls_key_file"]):
             raise PluginSettingsError(
                 f"{PREFIX}TLS_CERT_FILE and {PREFIX}TLS_KEY_FILE: set both or neither")
+        token = _token(env)
         address = env.get(PREFIX + "DAEMON_ADDRESS", "127.0.0.1:50051").strip()
         if not address:
             raise PluginSettingsError(f"{PREFIX}DAEMON_ADDRESS: must not be empty")
@@ -141,5 +148,29 @@ class PluginSettings:
             returned_job_priority=_priority(number("RETURNED_JOB_PRIORITY", 90.0)),
             enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),
+            token=token,
             **tls_files,
         )
+
+
+def _token(env: Mapping[str, str]) -> str:
+    """The token from TOKEN or TOKEN_FILE; messages never show it."""
+    token = env.get(PREFIX + "TOKEN", "").strip()
+    path = env.get(PREFIX + "TOKEN_FILE", "").strip()
+    if token and path:
+        raise PluginSettingsError(f"{PREFIX}TOKEN and {PREFIX}TOKEN_FILE: set one, not both")
+    name = "TOKEN"
+    if path:
+        name = "TOKEN_FILE"
+        try:
+            with open(path) as secret:
+                token = secret.read().strip()
+        except OSError as error:
+            raise PluginSettingsError(f"{PREFIX}TOKEN_FILE: cannot read {path!r} "
+                                      f"({error.strerror or error})") from None
+        if not token:
+            raise PluginSettingsError(f"{PREFIX}TOKEN_FILE: {path!r} is empty")
+    # gRPC metadata carries printable ASCII only; the daemon's tokens have no spaces.
+    if not all(33 <= ord(char) <= 126 for char in token):
+        raise PluginSettingsError(f"{PREFIX}{name}: must be printable ASCII without spaces")
+    return token

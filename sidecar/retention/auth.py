@@ -1,10 +1,12 @@
-"""Authenticated retention scopes: a bearer token (gRPC metadata
-``authorization: Bearer <token>``) maps to the one scope it may act as.
+"""Authenticated scopes: a bearer token (gRPC metadata ``authorization: Bearer
+<token>``) maps to the one scope it may act as.
 
-With tokens configured (``auth.tokens`` / ``auth.tokens_file``), a mutation's scope is
-the token's, whatever the request claims, and a mutation without a valid token is
-refused (UNAUTHENTICATED). Without tokens, scopes are whatever callers claim; the
-daemon says so in a warning at start-up.
+With tokens configured (``auth.tokens`` / ``auth.tokens_file``), a retention mutation's
+scope is the token's, whatever the request claims, and a mutation without a valid token
+is refused (UNAUTHENTICATED); an engine reports steps only with a token of one of the
+``engine_scopes`` (else UNAUTHENTICATED, or PERMISSION_DENIED for another scope's).
+Without tokens, scopes are whatever callers claim and engines need none; the daemon
+says so in a warning at start-up.
 
 Tokens are kept only as SHA-256 digests, and looked up by digest: how long a lookup
 takes says nothing about how close a guess was.
@@ -23,13 +25,19 @@ class Unauthenticated(Exception):
     """No valid bearer token; the message says what was wrong (never the token)."""
 
 
+class NotAnEngineScope(Exception):
+    """A valid token whose scope may not report engine steps."""
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
 class Authenticator:
-    def __init__(self, token_scopes: Mapping[str, str]) -> None:
+    def __init__(self, token_scopes: Mapping[str, str], engine_scopes: Iterable[str] = ()
+                 ) -> None:
         self._scope_by_digest = {_digest(token): scope for token, scope in token_scopes.items()}
+        self._engine_scopes = frozenset(engine_scopes)
 
     @property
     def enabled(self) -> bool:
@@ -56,4 +64,13 @@ class Authenticator:
         scope = self._scope_by_digest.get(_digest(token))
         if scope is None:
             raise Unauthenticated("authorization: unknown token")
+        return scope
+
+    def engine_scope_of(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+        """The engine scope the caller's token authenticates. Raises Unauthenticated, or
+        NotAnEngineScope for a token of another scope."""
+        scope = self.scope_of(metadata)
+        if scope not in self._engine_scopes:
+            raise NotAnEngineScope(f"scope {scope!r} may not report engine steps: "
+                                   f"auth.engine_scopes lists {sorted(self._engine_scopes)}")
         return scope

@@ -2,13 +2,21 @@
 
 Protocol (see proto/README.md): a session's first report is a snapshot; every other
 report carries ``seq = previous + 1``. A report the daemon cannot place — a delta for
-an engine it has no mirror of (daemon restarted, session moved) or a seq gap — is not
-decided on: the answer asks for a snapshot (``resync_requested``) and the engine
-keeps scheduling natively until it has sent one.
+an engine it has no mirror of (daemon restarted, session moved), a seq gap, or a delta
+from a stream that has not sent this engine's snapshot — is not decided on: the answer
+asks for a snapshot (``resync_requested``) and the engine keeps scheduling natively
+until it has sent one.
+
+One stream owns an engine id: the one that sent its latest snapshot. A newer stream's
+snapshot replaces the owner (an engine that reconnects is heard at once, before the
+daemon's keepalive notices that its old connection is dead); the replaced stream is
+told so and nothing it sends after is applied. A unary Step (grpcurl, debugging) may
+drive only an engine that no stream owns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -36,6 +44,35 @@ class InvalidReport(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+class EngineStream:
+    """One Session stream's claim on an engine id; ``replaced`` is set when a newer
+    stream's snapshot takes the engine over."""
+
+    __slots__ = ("engine_id", "replaced")
+
+    def __init__(self) -> None:
+        self.engine_id: str | None = None
+        self.replaced = asyncio.Event()
+
+
+class SessionConflict(Exception):
+    """A report that another stream's ownership of its engine forbids placing."""
+
+    def __init__(self, engine_id: str, problem: str) -> None:
+        super().__init__(f"engine {engine_id!r}: {problem}")
+        self.engine_id = engine_id
+
+
+class SessionReplaced(SessionConflict):
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(engine_id, "replaced by a newer session")
+
+
+class EngineOwned(SessionConflict):
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(engine_id, "has a live Session; a unary Step may not change it")
 
 
 def validate_report(report: pb.StepReport) -> None:
@@ -126,16 +163,25 @@ class EngineRegistry:
         # Each engine's step cost, learned from its reports. Kept across sessions and
         # snapshots: the hardware does not change when the engine reconnects.
         self.step_costs = EngineStepCosts()
-        # Which session owns each engine's mirror: a stale session closing after the
-        # engine reconnected must not drop the new session's mirror.
-        self._owner: dict[str, object] = {}
+        # The live stream that owns each engine (sent its latest snapshot): only its
+        # reports change the engine's mirror, and a stale stream closing after the
+        # engine reconnected must not drop the new stream's mirror.
+        self._owner: dict[str, EngineStream] = {}
         # Each engine's decision-lag histogram as last exported to the metrics.
         self._lags_exported: dict[str, tuple[int, ...]] = {}
 
-    def handle(self, report: pb.StepReport, session: object | None = None) -> pb.StepDecision:
-        """Validate, place and decide one report. Raises InvalidReport."""
+    def handle(self, report: pb.StepReport, stream: EngineStream | None = None
+               ) -> pb.StepDecision:
+        """Validate, place and decide one report, from ``stream`` or (None) a unary
+        Step. Raises InvalidReport, or SessionConflict where another stream owns the
+        engine."""
         started = time.perf_counter()
         validate_report(report)
+        owner = self._owner.get(report.engine_id)
+        if stream is None and owner is not None:
+            raise EngineOwned(report.engine_id)
+        if stream is not None and stream.replaced.is_set():
+            raise SessionReplaced(report.engine_id)
         self._last_seen_s[report.engine_id] = self._clock_s()
         metrics.STEP_REPORTS.inc()
         _count_contents(report)
@@ -147,9 +193,9 @@ class EngineRegistry:
             mirror = EngineMirror(report.engine_id)
             self.mirrors[report.engine_id] = mirror
             self.decider.forget(report.engine_id)
-            if session is not None:
-                self._owner[report.engine_id] = session
-        elif mirror is None or report.seq != mirror.last_seq + 1:
+            if stream is not None:
+                self._claim(report.engine_id, stream, owner)
+        elif mirror is None or report.seq != mirror.last_seq + 1 or owner is not stream:
             metrics.RESYNCS_REQUESTED.inc()
             log.info("resync_requested", engine_id=report.engine_id, seq=report.seq,
                      expected=None if mirror is None else mirror.last_seq + 1)
@@ -165,6 +211,16 @@ class EngineRegistry:
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
         return decision
+
+    def _claim(self, engine_id: str, stream: EngineStream, owner: EngineStream | None) -> None:
+        if owner is not None and owner is not stream:
+            owner.replaced.set()
+            metrics.ENGINE_SESSIONS_REPLACED.inc()
+            log.warning("engine_session_replaced", engine_id=engine_id,
+                        detail="a newer session sent this engine's snapshot; the older "
+                               "one is ended (a reconnect, or two engines with one id)")
+        stream.engine_id = engine_id
+        self._owner[engine_id] = stream
 
     def step_cost_estimates(self) -> dict[str, EngineCost]:
         """Each engine's step cost, where it is known well enough."""
@@ -192,8 +248,8 @@ class EngineRegistry:
                      step_s=f"{cost.step_s:.3g}", steps=cost.steps)
         return cost
 
-    def disconnect(self, engine_id: str | None, session: object) -> None:
-        if engine_id is None or self._owner.get(engine_id) is not session:
+    def disconnect(self, engine_id: str | None, stream: EngineStream) -> None:
+        if engine_id is None or self._owner.get(engine_id) is not stream:
             return
         del self._owner[engine_id]
         self._last_seen_s[engine_id] = self._clock_s()

@@ -109,7 +109,7 @@ class Daemon:
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
                             config.store.history_ttl_s)
         decisions = DecisionLog()
-        authenticator = Authenticator(config.auth.token_scopes())
+        authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes)
         directory = RetentionDirectory(store)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
@@ -121,7 +121,7 @@ class Daemon:
             config.limits.retention_burst, authenticator)
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[limiter])
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
-            EngineSessionService(engines), server)
+            EngineSessionService(engines, authenticator), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
             RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
                              directory=directory, authenticator=authenticator), server)
@@ -187,8 +187,9 @@ class Daemon:
         )
         if not (self.config.auth.tokens or self.config.auth.tokens_file):
             log.warning("retention_scopes_unauthenticated",
-                        detail="retention scopes are claimed by callers, not authenticated: "
-                               "configure auth.tokens or auth.tokens_file")
+                        detail="retention scopes are claimed by callers, not authenticated, "
+                               "and engines report without a token: configure auth.tokens "
+                               "or auth.tokens_file, and auth.engine_scopes")
 
     async def _forget_departed_engines(self) -> None:
         """Checks a few times per ``engine_forget_after_s``: an engine is forgotten

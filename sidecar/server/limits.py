@@ -1,9 +1,11 @@
 """Request-rate limits per caller, as a gRPC server interceptor.
 
-Retention calls are limited per scope: the scope a bearer token authenticates, else
-(auth off) the caller's peer address. A token bucket per key; beyond it the call
-ends with RESOURCE_EXHAUSTED and changes nothing. Buckets are kept for the most
-recently seen callers only, so memory stays bounded whoever calls.
+Retention calls are limited per caller: the scope a valid bearer token authenticates,
+else the address the call comes from (without the client's port, which changes with
+every connection; every Unix-socket client is one caller). A caller with a bad token is
+limited by its address before the service refuses it. A token bucket per key; beyond it
+the call ends with RESOURCE_EXHAUSTED and changes nothing. Buckets are kept for the
+most recently seen callers only, so memory stays bounded whoever calls.
 """
 
 from __future__ import annotations
@@ -19,6 +21,19 @@ import grpc
 from sidecar.retention.auth import Authenticator, Unauthenticated
 
 MAX_TRACKED_CALLERS = 10_000
+
+
+def peer_address(peer: str) -> str:
+    """gRPC's peer string less the client's port: ``ipv4:10.0.0.7:5678`` ->
+    ``ipv4:10.0.0.7``, ``ipv6:[::1]:5678`` -> ``ipv6:[::1]``; any Unix socket ->
+    ``unix``."""
+    scheme, _, rest = peer.partition(":")
+    if scheme.startswith("unix"):
+        return "unix"
+    host, colon, port = rest.rpartition(":")
+    if colon and port.isdigit() and (scheme == "ipv4" or host.endswith(("]", "%5D"))):
+        return f"{scheme}:{host}"
+    return peer
 
 
 class TokenBucket:
@@ -77,7 +92,7 @@ class RateLimitInterceptor(grpc.aio.ServerInterceptor):
         metadata = handler_call_details.invocation_metadata
 
         async def limited(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            key = f"peer:{context.peer()}"
+            key = f"address:{peer_address(context.peer())}"
             if authenticator.enabled:
                 # Without a valid token the service refuses the call itself.
                 with contextlib.suppress(Unauthenticated):

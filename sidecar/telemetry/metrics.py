@@ -65,6 +65,14 @@ DECISIONS = Counter(
 ENGINE_SESSIONS = Gauge(
     "kvtether_engine_sessions", "Engine sessions open now.", registry=REGISTRY
 )
+# A snapshot on a newer stream for an engine id whose older stream was still open: an
+# engine that reconnected before its old connection was found dead, or two engines
+# sharing one id (then this keeps rising).
+ENGINE_SESSIONS_REPLACED = Counter(
+    "kvtether_engine_sessions_replaced_total",
+    "Engine sessions ended because a newer session of the same engine id sent a snapshot.",
+    registry=REGISTRY,
+)
 PINS_ACTIVE = Gauge(
     "kvtether_pins_active", "Pins held by connected engines.", registry=REGISTRY
 )

@@ -37,6 +37,11 @@ class LiveEngine:
     log_path: Path
 
 
+# The engine always reports with this token: a daemon without auth ignores it, one with
+# auth tokens (tests/e2e/test_retention.py) lists its scope in auth.engine_scopes.
+ENGINE_TOKEN = "e2e-engine-token-0123456789"
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[DaemonController]:
     controller = DaemonController()
@@ -58,7 +63,8 @@ def engine(daemon: DaemonController, tmp_path_factory: pytest.TempPathFactory
                       # measures the real lag.
                       deadline_ms=float(os.environ.get("KVTETHER_E2E_DEADLINE_MS", "500")),
                       env={"KVTETHER_PLUGIN_PROVISIONAL_PIN_S": "2",
-                           "KVTETHER_PLUGIN_MAX_PIN_S": "10"})
+                           "KVTETHER_PLUGIN_MAX_PIN_S": "10",
+                           "KVTETHER_PLUGIN_TOKEN": ENGINE_TOKEN})
     process = start_engine(spec, log_path)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", process)

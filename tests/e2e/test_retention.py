@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import BLOCK_TOKENS, LiveEngine
+from tests.e2e.conftest import BLOCK_TOKENS, ENGINE_TOKEN, LiveEngine
 from tests.e2e.test_engine import client, flood, kv_usage, wait_for_daemon_engine
 from vllm_plugin.client import cached_tokens
 
@@ -36,8 +36,10 @@ CONTEXT_DURATION_S = 45
 @pytest.fixture
 def auth_daemon(engine: LiveEngine, tmp_path: Path) -> Iterator[LiveEngine]:
     """The session's daemon restarted with fcfs and auth tokens; restored afterwards."""
-    (tmp_path / "tokens.yaml").write_text(f'"{OWNER_TOKEN}": dynamo\n"{OTHER_TOKEN}": llm-d\n')
-    (tmp_path / "kvtether.yaml").write_text(f"auth:\n  tokens_file: {tmp_path / 'tokens.yaml'}\n")
+    (tmp_path / "tokens.yaml").write_text(f'"{OWNER_TOKEN}": dynamo\n"{OTHER_TOKEN}": llm-d\n'
+                                          f'"{ENGINE_TOKEN}": engines\n')
+    (tmp_path / "kvtether.yaml").write_text(f"auth:\n  tokens_file: {tmp_path / 'tokens.yaml'}\n"
+                                            "  engine_scopes: [engines]\n")
     previous = engine.daemon.policy or "continuum"
     engine.daemon.extra_args = ("--config", str(tmp_path / "kvtether.yaml"))
     engine.daemon.start("fcfs")

@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc, inspect_pb2, inspect_pb2_grpc
+from tests.support.daemon import running_daemon
 from tests.support.inprocess import inprocess_daemon
 
 KV = pb.KvCapacity(total_blocks=1000, free_blocks=900, block_size_tokens=16)
@@ -201,3 +202,70 @@ async def test_requests_without_a_job_and_parallel_turns_run_clean(daemon) -> No
     follow_up = await engine.send(now_s=3.1, new_requests=[new("par-c", "parallel", 3.1)])
     assert not follow_up.resync_requested
     await engine.close()
+
+
+@pytest.fixture
+async def daemon_process():  # type: ignore[no-untyped-def]
+    with running_daemon("--policy", "continuum") as process:
+        channel = grpc.aio.insecure_channel(process.address)
+        yield channel
+        await channel.close()
+
+
+async def ended_with(engine: Engine) -> grpc.aio.AioRpcError:
+    """The status that ends an engine's stream, which has no answer outstanding."""
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        answer = await asyncio.wait_for(engine.call.read(), 5)
+        raise AssertionError(f"the stream was answered: {answer}")
+    return ended.value
+
+
+async def test_item6_a_newer_session_replaces_the_older_one_whose_deltas_never_apply(
+        daemon_process) -> None:  # type: ignore[no-untyped-def]
+    channel = daemon_process
+    inspect = inspect_pb2_grpc.InspectStub(channel)
+    older = Engine(channel, "shared-id")
+    await older.send(snapshot=True, new_requests=[new("older-r1", "older-job", 0.1)])
+    # The same engine reconnects (or a second engine has the same id): its snapshot wins.
+    newer = Engine(channel, "shared-id")
+    taken = await newer.send(snapshot=True, new_requests=[new("newer-r1", "newer-job", 0.2)])
+    assert not taken.resync_requested
+    # The older stream's next delta (seq 2, which the newer mirror expects next) is not
+    # applied: the stream ends with a status that says why.
+    await older._outbox.put(pb.StepReport(
+        engine_id="shared-id", seq=2, now_s=2.0, kv=KV,
+        new_requests=[new("older-r2", "older-job", 2.0)],
+        events=[finished("newer-r1", 2.0, tool="ls")]))
+    ended = await ended_with(older)
+    assert ended.code() == grpc.StatusCode.ABORTED
+    assert ended.details() == "engine 'shared-id': replaced by a newer session"
+    # The newer engine's state is its own: its delta is decided, nothing of the older's.
+    second = await newer.send(new_requests=[new("newer-r2", "newer-job", 2.5)])
+    assert not second.resync_requested and [p.request_id for p in second.priorities] == [
+        "newer-r2"]
+    assert not (await inspect.Explain(inspect_pb2.ExplainRequest(request_id="older-r2"))).found
+    assert not (await inspect.ListPins(inspect_pb2.ListPinsRequest())).pins
+    await newer.close()
+
+
+async def test_item6_unary_step_cannot_touch_an_engine_with_a_live_session(
+        daemon_process) -> None:  # type: ignore[no-untyped-def]
+    channel = daemon_process
+    engine = Engine(channel, "live-engine")
+    await engine.send(snapshot=True, new_requests=[new("r1", "j1", 0.1)])
+    stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Step(pb.StepReport(engine_id="live-engine", seq=1, snapshot=True,
+                                      now_s=1.5, kv=KV))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'live-engine'" in refused.value.details()
+    # The live stream carries on as if nothing had been sent.
+    decision = await engine.send(new_requests=[new("r2", "j2", 0.2)])
+    assert not decision.resync_requested
+    assert [p.request_id for p in decision.priorities] == ["r2"]
+    await engine.close()
+    # An engine without a live session can still be driven by Step (grpcurl, debugging).
+    await asyncio.sleep(0.2)
+    alone = await stub.Step(pb.StepReport(engine_id="live-engine", seq=1, snapshot=True,
+                                          now_s=3.0, kv=KV))
+    assert not alone.resync_requested

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
+
+import yaml
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from tests.support.daemon import running_daemon
 from vllm_plugin.link import DaemonLink
+from vllm_plugin.settings import PluginSettings
 
 KV = pb.KvCapacity(total_blocks=64, free_blocks=64, block_size_tokens=16)
 
@@ -105,3 +109,31 @@ def test_take_decisions_waits_at_most_the_deadline() -> None:
             assert late.seq == 1
         finally:
             link.close()
+
+
+def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_path: Path) -> None:
+    token = "engine-token-0123456789"
+    config = tmp_path / "kvtether.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"tokens": {token: "engines"},
+                                               "engine_scopes": ["engines"]}}))
+    token_file = tmp_path / "engine-token"
+    token_file.write_text(token + "\n")  # as a mounted secret often ends
+    with running_daemon("--config", str(config)) as daemon:
+        settings = PluginSettings.from_env({"KVTETHER_PLUGIN_DAEMON_ADDRESS": daemon.address,
+                                            "KVTETHER_PLUGIN_TOKEN_FILE": str(token_file)})
+        link = DaemonLink.for_settings(settings)
+        try:
+            wait_until(lambda: link.connected)
+            assert link.send(report(1, True, "a"))
+            (first,) = link.take_decisions(wait_s=3.0)
+            assert first.seq == 1 and [p.request_id for p in first.priorities] == ["a"]
+        finally:
+            link.close()
+        # Without the token the daemon answers nothing: the engine schedules natively.
+        anonymous = DaemonLink(daemon.address)
+        try:
+            wait_until(lambda: anonymous.connected)
+            assert anonymous.send(report(1, True, "a"))
+            assert anonymous.take_decisions(wait_s=1.0) == []
+        finally:
+            anonymous.close()

@@ -14,6 +14,7 @@ from tests.support.inprocess import inprocess_daemon
 
 KV = pb.KvCapacity(total_blocks=100, free_blocks=100, block_size_tokens=16)
 TOKEN = "orchestrator-token-0123"
+ENGINE_TOKEN = "engine-token-0123456789"
 
 
 def ranges(*spec: tuple[int, int | None, int]) -> retention_pb2.RetentionConfig:
@@ -26,16 +27,17 @@ def ranges(*spec: tuple[int, int | None, int]) -> retention_pb2.RetentionConfig:
 
 
 class Engine:
-    def __init__(self, channel: Any, engine_id: str = "engine-r") -> None:
+    def __init__(self, channel: Any, engine_id: str = "engine-r", token: str = "") -> None:
         self.stub = engine_session_pb2_grpc.EngineSessionStub(channel)
         self.engine_id = engine_id
         self.seq = 0
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
 
     async def step(self, **fields: Any) -> pb.StepDecision:
         self.seq += 1
         report = pb.StepReport(engine_id=self.engine_id, seq=self.seq, snapshot=self.seq == 1,
                                now_s=float(self.seq), kv=KV, **fields)
-        decision: pb.StepDecision = await self.stub.Step(report)
+        decision: pb.StepDecision = await self.stub.Step(report, metadata=self.metadata)
         return decision
 
 
@@ -73,10 +75,11 @@ async def test_pushed_directives_reach_live_and_new_requests(auth: bool) -> None
     flags: dict[str, Any] = {"policy": {"name": "fcfs"}}
     metadata = None
     if auth:
-        flags["auth"] = {"tokens": {TOKEN: "dynamo"}}
+        flags["auth"] = {"tokens": {TOKEN: "dynamo", ENGINE_TOKEN: "engines"},
+                         "engine_scopes": ["engines"]}
         metadata = (("authorization", f"Bearer {TOKEN}"),)
     async with inprocess_daemon(**flags) as (_daemon, channel):
-        engine = Engine(channel)
+        engine = Engine(channel, token=ENGINE_TOKEN if auth else "")
         retention = retention_pb2_grpc.RetentionStub(channel)
         decision = await engine.step(new_requests=[
             pb.NewRequest(request_id="t1", job_id="s1", prompt_tokens=600,

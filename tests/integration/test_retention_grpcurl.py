@@ -58,9 +58,10 @@ def open_daemon() -> Iterator[DaemonProcess]:
 @pytest.fixture(scope="module")
 def auth_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     tokens = tmp_path_factory.mktemp("auth") / "tokens.yaml"
-    tokens.write_text(f'"{OWNER_TOKEN}": dynamo\n"{OTHER_TOKEN}": llm-d\n')
+    tokens.write_text(f'"{OWNER_TOKEN}": dynamo\n"{OTHER_TOKEN}": llm-d\n'
+                      '"engine-token-0123456789": engines\n')
     config = tokens.parent / "kvtether.yaml"
-    config.write_text(f"auth:\n  tokens_file: {tokens}\n")
+    config.write_text(f"auth:\n  tokens_file: {tokens}\n  engine_scopes: [engines]\n")
     with running_daemon("--policy", "fcfs", "--config", str(config)) as daemon:
         yield daemon
 

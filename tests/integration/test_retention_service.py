@@ -125,7 +125,9 @@ def bearer(token: str) -> tuple[tuple[str, str]]:
 @pytest.fixture(params=["embedded", "redis"])
 async def authenticated(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     flags: dict[str, object] = {"auth": {"tokens": {OWNER_TOKEN: "owner",
-                                                    OTHER_TOKEN: "other"}}}
+                                                    OTHER_TOKEN: "other",
+                                                    "engine-token-0123456789": "engines"},
+                                         "engine_scopes": ["engines"]}}
     if request.param == "redis":
         flags["store"] = {"redis_url": request.getfixturevalue("clean_redis")}
     async with inprocess_daemon(**flags) as (_daemon, channel):

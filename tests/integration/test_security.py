@@ -16,6 +16,7 @@ import yaml
 
 from sidecar.api.v1 import (
     engine_session_pb2,
+    engine_session_pb2_grpc,
     inspect_pb2,
     inspect_pb2_grpc,
     retention_pb2,
@@ -27,6 +28,11 @@ from tests.support.certs import CertificateAuthority, Issued
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.redis_server import redis_binary
 from vllm_plugin.link import DaemonLink
+
+ENGINE_TOKEN = "engine-token-0123456789"
+ORCHESTRATOR_TOKEN = "orchestrator-token-0123456789"
+ENGINE_AUTH = {"auth": {"tokens": {ENGINE_TOKEN: "engines", ORCHESTRATOR_TOKEN: "dynamo"},
+                        "engine_scopes": ["engines"]}}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +179,9 @@ def test_inspect_on_its_own_port_only(tmp_path: Path) -> None:
 
 def test_retention_rate_limit_per_scope(tmp_path: Path) -> None:
     settings = {"auth": {"tokens": {"token-aaaaaaaaaaaaaaaa": "orchestrator-a",
-                                    "token-bbbbbbbbbbbbbbbb": "orchestrator-b"}},
+                                    "token-bbbbbbbbbbbbbbbb": "orchestrator-b",
+                                    ENGINE_TOKEN: "engines"},
+                         "engine_scopes": ["engines"]},
                 "limits": {"retention_calls_per_s": 1, "retention_burst": 3}}
     with daemon_with(tmp_path, settings) as daemon, grpc.insecure_channel(
             daemon.address) as channel:
@@ -199,7 +207,9 @@ def test_secrets_stay_out_of_logs(tmp_path: Path) -> None:
     password, token = "redis-s3cret-pw", "bearer-t0ken-value-0123456789"
     with redis_binary(extra_args=("--requirepass", password)) as (url, _process):
         secured = url.replace("redis://", f"redis://:{password}@")
-        settings = {"store": {"redis_url": secured}, "auth": {"tokens": {token: "dynamo"}}}
+        settings = {"store": {"redis_url": secured},
+                    "auth": {"tokens": {token: "dynamo", ENGINE_TOKEN: "engines"},
+                             "engine_scopes": ["engines"]}}
         with daemon_with(tmp_path, settings, "--log-level", "debug") as daemon:
             with grpc.insecure_channel(daemon.address) as channel:
                 stub = retention_pb2_grpc.RetentionStub(channel)
@@ -211,3 +221,99 @@ def test_secrets_stay_out_of_logs(tmp_path: Path) -> None:
             logs = daemon.process.stderr.read() if daemon.process.stderr else ""
     assert "daemon_serving" in logs and "dynamo" in logs
     assert password not in logs and token not in logs and "wrong-token" not in logs
+
+
+def engine_call_code(channel: grpc.Channel, method: str, token: str | None) -> grpc.StatusCode:
+    stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+    metadata = None if token is None else [("authorization", f"Bearer {token}")]
+    report = engine_session_pb2.StepReport(engine_id=f"{method}-{token}", seq=1, snapshot=True,
+                                           now_s=1.0)
+    try:
+        if method == "Step":
+            stub.Step(report, metadata=metadata, timeout=5)
+        else:
+            (decision,) = stub.Session(iter([report]), metadata=metadata, timeout=5)
+            assert decision.seq == 1 and not decision.resync_requested
+        return grpc.StatusCode.OK
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+
+
+def test_item6_engine_session_needs_a_token_of_an_engine_scope(tmp_path: Path) -> None:
+    with daemon_with(tmp_path, ENGINE_AUTH) as daemon, daemon.channel() as channel:
+        for method in ("Session", "Step"):
+            assert engine_call_code(channel, method, None) == grpc.StatusCode.UNAUTHENTICATED
+            assert engine_call_code(channel, method, "not-a-token-0123456789") == (
+                grpc.StatusCode.UNAUTHENTICATED)
+            assert engine_call_code(channel, method, ORCHESTRATOR_TOKEN) == (
+                grpc.StatusCode.PERMISSION_DENIED)
+            assert engine_call_code(channel, method, ENGINE_TOKEN) == grpc.StatusCode.OK
+        with pytest.raises(grpc.RpcError) as refused:
+            engine_session_pb2_grpc.EngineSessionStub(channel).Step(
+                engine_session_pb2.StepReport(engine_id="e", seq=1, snapshot=True),
+                metadata=[("authorization", f"Bearer {ORCHESTRATOR_TOKEN}")], timeout=5)
+        assert refused.value.details() == (
+            "scope 'dynamo' may not report engine steps: auth.engine_scopes lists ['engines']")
+
+
+def test_item6_an_engine_scope_without_a_token_stops_the_daemon(tmp_path: Path) -> None:
+    from tests.support.daemon import serve_command
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"tokens": {ENGINE_TOKEN: "engines"},
+                                               "engine_scopes": ["engines", "gpu-pool"]}}))
+    done = subprocess.run(serve_command("--config", str(config), "--metrics-port", "-1"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "auth: engine_scopes: scope 'gpu-pool' has no token" in done.stderr, done.stderr
+
+
+def retention_reads_over_connections(address: str, connections: int, calls_each: int,
+                                     token: str | None = None) -> dict[grpc.StatusCode, int]:
+    """Each connection its own (no shared subchannel): a new client port each time."""
+    codes: dict[grpc.StatusCode, int] = {}
+    metadata = None if token is None else [("authorization", f"Bearer {token}")]
+    request = retention_pb2.GetDirectivesRequest(
+        target=retention_pb2.RetentionTarget(session_id="limited"))
+    for _ in range(connections):
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]
+                                   ) as channel:
+            stub = retention_pb2_grpc.RetentionStub(channel)
+            for _ in range(calls_each):
+                try:
+                    stub.GetDirectives(request, metadata=metadata, timeout=5)
+                    code = grpc.StatusCode.OK
+                except grpc.RpcError as error:
+                    code = error.code()
+                codes[code] = codes.get(code, 0) + 1
+    return codes
+
+
+def test_item7_anonymous_rate_limit_holds_across_connections(tmp_path: Path) -> None:
+    rate_per_s, burst = 5, 10
+    with daemon_with(tmp_path, {"limits": {"retention_calls_per_s": rate_per_s,
+                                           "retention_burst": burst}}) as daemon:
+        started = time.monotonic()
+        codes = retention_reads_over_connections(daemon.address, 50, 10)
+        elapsed_s = time.monotonic() - started
+    assert sum(codes.values()) == 500
+    accepted = codes.get(grpc.StatusCode.OK, 0)
+    assert accepted <= burst + rate_per_s * elapsed_s + 5, (codes, elapsed_s)
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] == 500 - accepted
+
+
+def test_item7_bad_tokens_are_limited_by_address_before_the_service_runs(
+        tmp_path: Path) -> None:
+    rate_per_s, burst = 5, 10
+    settings = {**ENGINE_AUTH, "limits": {"retention_calls_per_s": rate_per_s,
+                                          "retention_burst": burst}}
+    with daemon_with(tmp_path, settings) as daemon:
+        started = time.monotonic()
+        # Reads need no token; a caller whose token is not valid is keyed by its address.
+        codes = retention_reads_over_connections(daemon.address, 20, 10, "wrong-0123456789abc")
+        elapsed_s = time.monotonic() - started
+        # A valid token is its own caller, whatever the address.
+        assert retention_reads_over_connections(daemon.address, 1, 1, ORCHESTRATOR_TOKEN) == {
+            grpc.StatusCode.OK: 1}
+    assert codes.get(grpc.StatusCode.OK, 0) <= burst + rate_per_s * elapsed_s + 5, codes
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 100, codes

@@ -13,7 +13,7 @@ from sidecar.jobs.tracker import JobTracker
 from sidecar.policies.adaptive.policy import AdaptivePolicy
 from sidecar.policies.registry import build_policy
 from sidecar.runtime.decider import Decider, DecisionLog
-from sidecar.runtime.engines import EngineRegistry
+from sidecar.runtime.engines import EngineRegistry, EngineStream
 from sidecar.runtime.recorder import Recorder
 from sidecar.store.embedded import EmbeddedStore
 from sidecar.telemetry.metrics import REGISTRY
@@ -57,7 +57,7 @@ LEARNED_SERIES = {"kvtether_engine_prefill_seconds_per_token", "kvtether_engine_
                   "kvtether_engine_decode_seconds_per_request"}
 
 
-def run_engine(engines: EngineRegistry, engine_id: str, session: object | None,
+def run_engine(engines: EngineRegistry, engine_id: str, session: EngineStream | None,
                seq: int = 1, reports_count: int = 200) -> int:
     """A snapshot, then a report a step: jobs' turns arrive, run and finish with a
     tool call, the engine's counters and timed work ride along. Answers the last seq."""
@@ -94,7 +94,7 @@ def run_engine(engines: EngineRegistry, engine_id: str, session: object | None,
 def test_an_engine_that_reconnects_carries_on_with_what_was_learned() -> None:
     clock = Clock()
     engines, policy = registry(clock)
-    session = object()
+    session = EngineStream()
     seq = run_engine(engines, "pod-a", session)
     assert engine_series("pod-a") == SESSION_SERIES | LEARNED_SERIES
     assert "pod-a" in policy.engines_known()
@@ -107,7 +107,7 @@ def test_an_engine_that_reconnects_carries_on_with_what_was_learned() -> None:
     clock.now_s += FORGET_AFTER_S - 1
     assert engines.forget_departed() == []
 
-    back = object()
+    back = EngineStream()
     run_engine(engines, "pod-a", back, seq=seq + 1, reports_count=8)  # back in time
     clock.now_s += 10 * FORGET_AFTER_S
     assert engines.forget_departed() == [], "an engine with a session open is kept"
@@ -123,10 +123,10 @@ def test_engines_gone_for_forget_after_s_are_forgotten_whole() -> None:
     engines, policy = registry(clock)
     left = [f"pod-{n}" for n in range(6)]  # a rolling restart: new ids, old ones gone
     for engine_id in left:
-        session = object()
+        session = EngineStream()
         run_engine(engines, engine_id, session)
         engines.disconnect(engine_id, session)
-    stays = object()
+    stays = EngineStream()
     run_engine(engines, "pod-new", stays)
     assert set(left) <= policy.engines_known()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -85,3 +86,28 @@ def test_settings_defaults_and_overrides() -> None:
 def test_bad_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{name}"):
         PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value})
+
+
+def test_item6_the_engine_token_comes_from_a_variable_or_a_file(tmp_path: Path) -> None:
+    assert PluginSettings.from_env({}).token == ""
+    token = "engine-token-0123456789"
+    assert PluginSettings.from_env({"KVTETHER_PLUGIN_TOKEN": token}).token == token
+    secret = tmp_path / "token"
+    secret.write_text(f"{token}\n")
+    settings = PluginSettings.from_env({"KVTETHER_PLUGIN_TOKEN_FILE": str(secret)})
+    assert settings.token == token and token not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [({"TOKEN": "a", "TOKEN_FILE": "/etc/hostname"}, "TOKEN and KVTETHER_PLUGIN_TOKEN_FILE: "
+                                                     "set one, not both"),
+     ({"TOKEN_FILE": "/nonexistent/token"}, "TOKEN_FILE: cannot read '/nonexistent/token'"),
+     ({"TOKEN": "has space"}, "TOKEN: must be printable ASCII without spaces")],
+)
+def test_item6_a_bad_engine_token_setting_names_the_variable(
+        variables: dict[str, str], message: str) -> None:
+    with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{message}") as refused:
+        PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value
+                                 for name, value in variables.items()})
+    assert "has space" not in str(refused.value)

@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class EngineSessionStub:
-    """Missing associated documentation comment in .proto file."""
+    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
+    PERMISSION_DENIED for another scope's.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,17 +50,25 @@ class EngineSessionStub:
 
 
 class EngineSessionServicer:
-    """Missing associated documentation comment in .proto file."""
+    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
+    PERMISSION_DENIED for another scope's.
+    """
 
     def Session(self, request_iterator, context):
         """The engine streams step reports; the daemon streams one decision per report.
+        One live stream owns an engine id: the one that sent its latest snapshot. A newer
+        stream's snapshot replaces it, and the older stream ends ABORTED
+        ("engine X: replaced by a newer session"); a delta from a stream that has not sent
+        the engine's snapshot is answered with resync_requested.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Step(self, request, context):
-        """One exchange as a unary call: for tools (grpcurl), tests and simple clients.
+        """One exchange as a unary call: for tools (grpcurl), tests and simple clients. An
+        engine with a live Session is refused (FAILED_PRECONDITION): Step never changes it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -85,7 +96,10 @@ def add_EngineSessionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EngineSession:
-    """Missing associated documentation comment in .proto file."""
+    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
+    PERMISSION_DENIED for another scope's.
+    """
 
     @staticmethod
     def Session(request_iterator,
