@@ -101,9 +101,10 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
             print(f"job {args.id}: not found", file=sys.stderr)
             return 1
         _print(job, args.json, "\n\n".join([
-            _table(("request", "arrival s", "departure s", "tool", "tool time s"),
-                   [(t.request_id, t.arrival_s, t.departure_s, t.tool, t.tool_time_s)
-                    for t in job.turns]),
+            _table(("request", "arrival s", "departure s", "prompt tokens", "output tokens",
+                    "tool", "tool time s"),
+                   [(t.request_id, t.arrival_s, t.departure_s, t.prompt_tokens,
+                     t.output_tokens, t.tool, t.tool_time_s) for t in job.turns]),
             _table(("pinned request", "blocks", "expires at s"),
                    [(p.request_id, p.blocks, p.expires_at_s) for p in job.pins]),
             _table(("decision", "request", "reason"),

@@ -224,13 +224,13 @@ class Decider:
     ) -> None:
         tool = request.tool_hint or event.tool or None  # the client's word wins
         if event.finish_reason in (pb.FINISH_REASON_ABORT, pb.FINISH_REASON_ERROR):
-            self.recorder.on_abort(request, event.at_s)
+            self.recorder.on_abort(request, event.at_s, event.output_tokens)
             # An aborted turn has no next turn to serve: never keep its blocks.
             decision.pins.add(request_id=request.request_id, action=pb.PIN_ACTION_RELEASE)
             self._record(mirror, decision.seq, request.request_id, request.job_id, "release",
                          "aborted or failed request: blocks freed", {"tool": tool or ""})
             return
-        self.recorder.on_finish(request, event.at_s, tool)
+        self.recorder.on_finish(request, event.at_s, tool, event.output_tokens)
         step = replace(step, jobs={**step.jobs, **self.recorder.tracker.views([request.job_id])})
         estimator = self.recorder.estimator
         finished = FinishInput(

@@ -159,9 +159,11 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
             if event.kind == "arrival":
                 turn.arrival_s = event.at_s
                 turn.tool_time_s = event.tool_time_s or 0.0
+                turn.prompt_tokens = event.prompt_tokens or 0
             else:
                 turn.departure_s = event.at_s
                 turn.tool = event.tool or ""
+                turn.output_tokens = event.output_tokens or 0
         return pb.GetJobResponse(
             found=True,
             summary=summary or pb.JobSummary(job_id=request.job_id),
