@@ -212,10 +212,10 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "request_id: must not be empty")
-        record = self._decisions.last(request.request_id)
-        if record is None:
+        decisions = self._decisions.explain(request.request_id)
+        if not decisions:
             return pb.ExplainResponse(found=False)
-        return pb.ExplainResponse(found=True, decision=record)
+        return pb.ExplainResponse(found=True, decision=decisions[-1], decisions=decisions)
 
     async def WatchDecisions(
         self, request: pb.WatchDecisionsRequest, context: grpc.aio.ServicerContext
