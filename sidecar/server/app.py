@@ -187,8 +187,10 @@ class Daemon:
         )
         if not (self.config.auth.tokens or self.config.auth.tokens_file):
             log.warning("retention_scopes_unauthenticated",
-                        detail="retention scopes are claimed by callers, not authenticated: "
-                               "configure auth.tokens or auth.tokens_file")
+                        detail="retention scopes are claimed by callers (the request's "
+                               "scope field), not authenticated, and a bearer token sent "
+                               "without a scope is refused: configure auth.tokens or "
+                               "auth.tokens_file")
 
     async def _forget_departed_engines(self) -> None:
         """Checks a few times per ``engine_forget_after_s``: an engine is forgotten
