@@ -89,40 +89,38 @@ class DecisionLog:
     # pin or release, ...), each a few values and its inputs (~1-2 KB as a record once
     # read): 10,000 requests are some tens of MiB at most.
     def __init__(self, max_requests: int = 10_000) -> None:
-        # Request id → kind → (order taken, decision), in the order taken.
-        self._by_request: OrderedDict[str, dict[str, tuple[int, Decision]]] = OrderedDict()
+        self._by_request: OrderedDict[str, _RequestDecisions] = OrderedDict()
         # Response id → the engine request ids it names (several when reused, or for
         # the children of a parallel-sampling request); only of requests held above.
         self._by_response_id: dict[str, list[str]] = {}
         self._max_requests = max_requests
-        self._taken = itertools.count()
         self.watchers: set[object] = set()
 
     def add(self, decision: Decision) -> None:
         request_id = decision.request_id
-        kinds = self._by_request.get(request_id)
-        if kinds is None:
-            kinds = self._by_request[request_id] = {}
-            for response_id in response_ids_of(request_id):
+        held = self._by_request.get(request_id)
+        if held is None:
+            held = self._by_request[request_id] = _RequestDecisions(
+                response_ids_of(request_id))
+            for response_id in held.response_ids:
                 self._by_response_id.setdefault(response_id, []).append(request_id)
+            while len(self._by_request) > self._max_requests:
+                self._forget(*self._by_request.popitem(last=False))
         else:
             self._by_request.move_to_end(request_id)
-            kinds.pop(decision.kind, None)
-        kinds[decision.kind] = (next(self._taken), decision)
-        while len(self._by_request) > self._max_requests:
-            self._forget(self._by_request.popitem(last=False)[0])
+            held.kinds.pop(decision.kind, None)
+        held.kinds[decision.kind] = decision
         if self.watchers:
             record = decision.record()
             for watcher in list(self.watchers):
                 watcher.offer(record)  # type: ignore[attr-defined]
 
-    def _forget(self, request_id: str) -> None:
-        for response_id in response_ids_of(request_id):
-            named = self._by_response_id.get(response_id)
-            if named is not None:
-                named.remove(request_id)
-                if not named:
-                    del self._by_response_id[response_id]
+    def _forget(self, request_id: str, held: _RequestDecisions) -> None:
+        for response_id in held.response_ids:
+            named = self._by_response_id[response_id]
+            named.remove(request_id)
+            if not named:
+                del self._by_response_id[response_id]
 
     def explain(self, request_id: str) -> list[inspect_pb2.DecisionRecord]:
         """The latest decision of each kind for ``request_id`` — the id an engine
@@ -132,25 +130,32 @@ class DecisionLog:
             named = [request_id]
         else:
             named = self._by_response_id.get(request_id, [])
-        taken = sorted(item for name in named for item in self._by_request[name].values())
-        return [decision.record() for _, decision in taken]
-
-    def last(self, request_id: str) -> inspect_pb2.DecisionRecord | None:
-        """The latest decision for ``request_id`` (either id, as :meth:`explain`)."""
-        decisions = self.explain(request_id)
-        return decisions[-1] if decisions else None
+        decisions = [decision for name in named
+                     for decision in self._by_request[name].kinds.values()]
+        if len(named) > 1:  # requests of one response id: on one engine, its clock orders
+            decisions.sort(key=lambda decision: (decision.at_s, decision.seq))
+        return [decision.record() for decision in decisions]
 
     def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
         """The job's latest decisions, newest first: every kind of each request."""
         found: list[inspect_pb2.DecisionRecord] = []
-        for kinds in reversed(self._by_request.values()):
-            for _, decision in reversed(kinds.values()):
+        for held in reversed(self._by_request.values()):
+            for decision in reversed(held.kinds.values()):
                 if decision.job_id != job_id:
                     break  # a request's decisions all name its job
                 if len(found) >= limit:
                     return found
                 found.append(decision.record())
         return found
+
+
+@dataclass(slots=True)
+class _RequestDecisions:
+    """What the log holds of one request: the ids an API client may know it by, and
+    per kind the latest decision (in the order they were taken)."""
+
+    response_ids: tuple[str, ...]
+    kinds: dict[str, Decision] = field(default_factory=dict)
 
 
 class Decider:

@@ -29,11 +29,10 @@ def test_explain_reads_the_last_decision_with_its_inputs_as_json() -> None:
     log = DecisionLog()
     log.add(_decision("r1", "j1", "pin", {"tool": "ls", "blocks": 7, "is_last_step": False}))
     log.add(_decision("r1", "j1", "release", {"retention_priority": 80}, seq=2))
-    record = log.last("r1")
-    assert record is not None
+    record = log.explain("r1")[-1]
     assert (record.kind, record.seq, record.policy, record.at_s) == ("release", 2, "adaptive", 12.5)
     assert dict(record.inputs) == {"retention_priority": "80"}
-    assert log.last("never-seen") is None
+    assert log.explain("never-seen") == []
 
 
 def test_a_job_lists_its_latest_decisions_first_up_to_the_limit() -> None:
@@ -55,8 +54,8 @@ def test_watchers_get_every_decision_and_the_oldest_requests_are_forgotten() -> 
     log.add(_decision("r2", "j"))
     assert [(r.request_id, r.kind) for r in watcher.records] == [("r1", "pin"), ("r2", "priority")]
     assert watcher.records[0].inputs["tool"] == "pytest"
-    assert log.last("r0") is None  # beyond max_requests
-    assert log.last("r1") is watcher.records[0]  # built once, shared
+    assert log.explain("r0") == []  # beyond max_requests
+    assert log.explain("r1")[-1] is watcher.records[0]  # built once, shared
 
 
 def test_item9_retention_decision_kept() -> None:
@@ -68,7 +67,6 @@ def test_item9_retention_decision_kept() -> None:
     log.add(_decision("r1", "j1", "pin", {"tool": "ls"}, seq=3))
     assert [(r.kind, r.seq) for r in log.explain("r1")] == [
         ("retention", 1), ("priority", 2), ("pin", 3)]
-    assert log.last("r1") is log.explain("r1")[-1]
     assert [r.kind for r in log.for_job("j1")] == ["pin", "priority", "retention"]
     assert [r.kind for r in log.for_job("j1", limit=2)] == ["pin", "priority"]
 
