@@ -101,9 +101,10 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
             print(f"job {args.id}: not found", file=sys.stderr)
             return 1
         _print(job, args.json, "\n\n".join([
-            _table(("request", "arrival s", "departure s", "tool", "tool time s"),
-                   [(t.request_id, t.arrival_s, t.departure_s, t.tool, t.tool_time_s)
-                    for t in job.turns]),
+            _table(("request", "arrival s", "departure s", "prompt tokens", "output tokens",
+                    "tool", "tool time s"),
+                   [(t.request_id, t.arrival_s, t.departure_s, t.prompt_tokens,
+                     t.output_tokens, t.tool, t.tool_time_s) for t in job.turns]),
             _table(("pinned request", "blocks", "expires at s"),
                    [(p.request_id, p.blocks, p.expires_at_s) for p in job.pins]),
             _table(("decision", "request", "reason"),
@@ -125,11 +126,12 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
         if not answer.found:
             print(f"request {args.id}: no decision recorded", file=sys.stderr)
             return 1
-        d = answer.decision
-        _print(answer, args.json,
-               f"{d.kind} for {d.request_id} (job {d.job_id}, engine {d.engine_id}, "
-               f"seq {d.seq}, policy {d.policy}, at {d.at_s:.3f} s)\nwhy: {d.reason}\n"
-               + _table(("input", "value"), sorted(d.inputs.items())))
+        # Newest first: the latest decision leads.
+        _print(answer, args.json, "\n\n".join(
+            f"{d.kind} for {d.request_id} (job {d.job_id}, engine {d.engine_id}, "
+            f"seq {d.seq}, policy {d.policy}, at {d.at_s:.3f} s)\nwhy: {d.reason}\n"
+            + _table(("input", "value"), sorted(d.inputs.items()))
+            for d in reversed(answer.decisions or [answer.decision])))
     elif args.what == "watch":
         for record in stub.WatchDecisions(pb.WatchDecisionsRequest()):
             _print(record, args.json,

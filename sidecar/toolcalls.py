@@ -6,7 +6,7 @@ normalisation (:func:`command_key`) serves both.
 
 Rules, in order:
 
-1. A tool named by the client or an orchestrator wins, taken verbatim (stripped).
+1. A tool named by the client or an orchestrator wins.
 2. ``<think>…</think>`` reasoning is removed first: thinking models (Qwen3, DeepSeek-R1)
    draft commands while reasoning, and a draft is not the call (Continuum's parser
    read 2/10 turns right on such output because of this).
@@ -21,6 +21,10 @@ Rules, in order:
    ``command`` is keyed by that command, so it shares statistics with fenced blocks.
 4. Plain text: no tool (``None``).
 
+Every name, the client's or one parsed, is cleaned the same way
+(:func:`~sidecar.api.bounds.clean_tool_name`): one line without control characters, at
+most ``MAX_TOOL_CHARS``; the reserved pool name ``*`` is no tool.
+
 Contract: never raises on any input; linear in the output length (only the last
 ``TAIL_CHARS`` characters after stripping thinking are searched).
 """
@@ -33,11 +37,11 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from sidecar.api.bounds import clean_tool_name
+
 # Only the end of an output can hold the call that ends the turn; bounding the
 # search keeps parsing cheap on very long outputs.
 TAIL_CHARS = 32_768
-# Longer names are cut: tool names become store keys and metric labels.
-MAX_TOOL_NAME_CHARS = 128
 
 # Commands whose key is two words ("git status", "pip install"): their subcommand,
 # not the program, says how long they take.
@@ -147,7 +151,7 @@ def command_key(command: str) -> str | None:
     for segment in _CHAIN_SPLIT.split(command.strip()):
         key = _segment_key(_split_words(segment))
         if key is not None:
-            return key[:MAX_TOOL_NAME_CHARS]
+            return clean_tool_name(key) or None
     return None
 
 
@@ -236,7 +240,7 @@ def _name_of_call(call: Any, *, named_is_enough: bool) -> str | None:
             key = command_key(command)
             if key is not None:
                 return key
-    return name.strip()[:MAX_TOOL_NAME_CHARS]
+    return clean_tool_name(name) or None
 
 
 def _shell_command_argument(arguments: Any) -> str | None:
@@ -297,9 +301,10 @@ def parse_tool(output_text: str) -> str | None:
 
 def resolve_tool(client_tool: str | None, output_text: str | None) -> str | None:
     """The tool a finished turn called: the client's or an orchestrator's name wins
-    (verbatim, stripped, cut to MAX_TOOL_NAME_CHARS); else what the output shows."""
-    if client_tool is not None and client_tool.strip():
-        return client_tool.strip()[:MAX_TOOL_NAME_CHARS]
+    (cleaned); else what the output shows."""
+    named = clean_tool_name(client_tool) if client_tool is not None else ""
+    if named:
+        return named
     if not output_text:
         return None
     return parse_tool(output_text)

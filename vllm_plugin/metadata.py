@@ -5,19 +5,41 @@ Sources, first wins: ``sampling_params.extra_args`` (the OpenAI API's
 ``session_id`` (the ``session_id`` field / ``X-Session-ID`` header) as the job id.
 A request with none is a job of its own. A malformed field never fails the request:
 it is ignored with one warning naming it.
+
+Limits (``sidecar.api.bounds``, the same the daemon enforces) never drop a field the
+client meant:
+
+- a tool name is cleaned like one parsed from the model's output
+  (:func:`~sidecar.api.bounds.clean_tool_name`: one line, cut at ``MAX_TOOL_CHARS``);
+- a job id or retention scope the daemon would refuse (over ``MAX_ID_CHARS``, or with
+  control characters) is mapped to a bounded id, ``<prefix>~<sha256 of the whole id>``
+  (the prefix is the start of the id with unprintable characters replaced by spaces,
+  cut so that the result is at most ``MAX_ID_CHARS`` long). The mapping is
+  deterministic, so every turn of the job keeps its job, and two different ids never
+  share one; the engine log says so once per id. Inspect and the store show the
+  mapped id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.api.bounds import MAX_ID_CHARS, FieldError, check_text, clean_tool_name
+
 logger = logging.getLogger("kvtether.plugin")
 
-MAX_ID_CHARS = 256
-MAX_TOOL_CHARS = 128
+# Separates a mapped id's prefix from the digest of the whole id.
+_DIGEST_MARK = "~"
+_DIGEST_CHARS = 64  # sha256, hex
+# Ids already warned about (their digests), most recent last: one warning per job,
+# in bounded memory.
+_WARNED_MAX = 1024
+_warned: OrderedDict[str, None] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +56,40 @@ def _warn(request_id: str, field: str, value: object, why: str) -> None:
                    request_id, field, value, why)
 
 
-def _text(request_id: str, field: str, value: object, limit: int) -> str:
+def _text(request_id: str, field: str, value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, bool) or not isinstance(value, str | int):
         _warn(request_id, field, value, "expected a string")
         return ""
-    text = str(value)
-    if len(text) > limit:
-        _warn(request_id, field, text[:32] + "...", f"longer than {limit} characters")
-        return ""
-    return text
+    return str(value)
+
+
+def bounded_id(raw: str) -> str:
+    """``raw`` if the daemon accepts it as an id, else its bounded mapping (see the
+    module's docstring): deterministic, at most ``MAX_ID_CHARS`` long."""
+    try:
+        check_text("id", raw)
+        return raw
+    except FieldError:
+        pass
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+    prefix = "".join(char if char.isprintable() else " "
+                     for char in raw[:MAX_ID_CHARS - len(_DIGEST_MARK) - _DIGEST_CHARS])
+    return f"{prefix}{_DIGEST_MARK}{digest}"
+
+
+def _id(request_id: str, field: str, value: object) -> str:
+    raw = _text(request_id, field, value)
+    mapped = bounded_id(raw)
+    if mapped != raw and mapped not in _warned:
+        _warned[mapped] = None
+        if len(_warned) > _WARNED_MAX:
+            _warned.popitem(last=False)
+        logger.warning("kvtether: request %s: vllm_xargs %s %r (%d characters) is over "
+                       "%d characters or holds control characters: reported as %r",
+                       request_id, field, raw[:32] + "...", len(raw), MAX_ID_CHARS, mapped)
+    return mapped
 
 
 def _flag(request_id: str, field: str, value: object) -> bool:
@@ -89,16 +134,14 @@ def read_metadata(request: Any) -> RequestMetadata:
     extra = getattr(params, "extra_args", None) or {}
     if not isinstance(extra, dict):
         extra = {}
-    job_id = _text(request_id, "job_id", extra.get("job_id"), MAX_ID_CHARS)
+    job_id = _id(request_id, "job_id", extra.get("job_id"))
     if not job_id:
         # vLLM >= 0.32 carries the OpenAI session id on the request.
-        job_id = _text(request_id, "session_id", getattr(request, "session_id", None),
-                       MAX_ID_CHARS)
+        job_id = _id(request_id, "session_id", getattr(request, "session_id", None))
     return RequestMetadata(
         job_id=job_id,
         is_last_step=_flag(request_id, "is_last_step", extra.get("is_last_step")),
-        tool=_text(request_id, "tool", extra.get("tool"), MAX_TOOL_CHARS),
+        tool=clean_tool_name(_text(request_id, "tool", extra.get("tool"))),
         retention_directives=_directives(request_id, extra.get("retention_directives")),
-        retention_scope=_text(request_id, "retention_scope", extra.get("retention_scope"),
-                              MAX_ID_CHARS),
+        retention_scope=_id(request_id, "retention_scope", extra.get("retention_scope")),
     )

@@ -8,7 +8,10 @@ pass through (a job that goes quiet disappears by itself; no sweeper).
 The JSON format (one object per event; fields absent when empty)::
 
     {"v": 1, "kind": "arrival" | "finish" | "abort", "job_id": str, "request_id": str,
-     "at_s": float, "tool": str, "is_last_step": bool, "tool_time_s": float}
+     "at_s": float, "tool": str, "is_last_step": bool, "tool_time_s": float,
+     "prompt_tokens": int, "output_tokens": int}
+
+Token counts came later: events written before them read with ``None``.
 
 Reading skips items it cannot decode (written by a newer version or damaged) rather
 than failing an inspection.
@@ -42,6 +45,9 @@ class JobEvent:
     is_last_step: bool = False
     # On an arrival: the tool time it measured, if any.
     tool_time_s: float | None = None
+    # On an arrival: the prompt's tokens; on a finish or an abort: the tokens generated.
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
 
     def to_json(self) -> bytes:
         item: dict[str, object] = {
@@ -57,6 +63,10 @@ class JobEvent:
             item["is_last_step"] = True
         if self.tool_time_s is not None:
             item["tool_time_s"] = self.tool_time_s
+        if self.prompt_tokens is not None:
+            item["prompt_tokens"] = self.prompt_tokens
+        if self.output_tokens is not None:
+            item["output_tokens"] = self.output_tokens
         return json.dumps(item, separators=(",", ":")).encode()
 
     @staticmethod
@@ -70,6 +80,7 @@ class JobEvent:
             return None
         kind, job_id, request_id = item.get("kind"), item.get("job_id"), item.get("request_id")
         at_s, tool, tool_time_s = item.get("at_s"), item.get("tool"), item.get("tool_time_s")
+        prompt_tokens, output_tokens = item.get("prompt_tokens"), item.get("output_tokens")
         if (
             kind not in _KINDS
             or not isinstance(job_id, str)
@@ -78,6 +89,8 @@ class JobEvent:
             or not _is_number(at_s)
             or not (tool is None or isinstance(tool, str))
             or not (tool_time_s is None or _is_number(tool_time_s))
+            or not (prompt_tokens is None or _is_count(prompt_tokens))
+            or not (output_tokens is None or _is_count(output_tokens))
         ):
             return None
         return JobEvent(
@@ -88,11 +101,17 @@ class JobEvent:
             tool=tool,
             is_last_step=item.get("is_last_step") is True,
             tool_time_s=None if tool_time_s is None else float(tool_time_s),
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
         )
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class JobHistoryLog:

@@ -18,7 +18,12 @@ ANONYMOUS = ""
 
 
 class OwnershipError(Exception):
-    """The caller's scope may not make this change."""
+    """The caller's scope may not make this change; ``owner`` is the directive's owner
+    (``ANONYMOUS`` when nobody owns it)."""
+
+    def __init__(self, message: str, owner: str) -> None:
+        super().__init__(message)
+        self.owner = owner
 
 
 def owner_after_set(current_owner: str | None, caller: str, only_raises: bool) -> str | None:
@@ -40,7 +45,8 @@ def check_set(current_owner: str | None, caller: str, only_raises: bool) -> str:
     if owner is None:
         raise OwnershipError(
             f"scope {caller or '(anonymous)'!r} may only raise priorities of a directive "
-            f"owned by {current_owner or '(anonymous)'!r}"
+            f"owned by {current_owner or '(anonymous)'!r}",
+            current_owner or ANONYMOUS,
         )
     return owner
 
@@ -48,8 +54,9 @@ def check_set(current_owner: str | None, caller: str, only_raises: bool) -> str:
 def check_clear(current_owner: str, caller: str) -> None:
     """Raise OwnershipError unless ``caller`` may clear what ``current_owner`` set."""
     if caller == ANONYMOUS:
-        raise OwnershipError("an anonymous caller cannot clear a directive")
+        raise OwnershipError("an anonymous caller cannot clear a directive", current_owner)
     if current_owner != ANONYMOUS and current_owner != caller:
         raise OwnershipError(
-            f"scope {caller!r} cannot clear a directive owned by {current_owner!r}"
+            f"scope {caller!r} cannot clear a directive owned by {current_owner!r}",
+            current_owner,
         )

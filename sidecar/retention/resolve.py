@@ -34,6 +34,24 @@ class EffectiveRetention:
     config: pb.RetentionConfig
     # The scope that owns these priorities ("" = anonymous: it may only raise).
     scope: str
+    # What set them: the request's own directives, how many of those pushed for its
+    # job or session, and how many pushed ones its own replaced (as their owner).
+    from_request: bool = False
+    pushed: int = 0
+    pushed_replaced: int = 0
+
+    def source(self) -> str:
+        """What set these priorities, in words (a decision's reason)."""
+        if self.from_request and self.pushed:
+            return (f"the request's own directives combined with {self.pushed} pushed for "
+                    "its job or session (per token, the highest priority wins)")
+        if self.from_request and self.pushed_replaced:
+            return (f"the request's own directives, replacing the {self.pushed_replaced} "
+                    f"its scope {self.scope!r} pushed for its job or session")
+        if self.from_request:
+            return "the request's own directives (none pushed for its job or session)"
+        return (f"{self.pushed} directive(s) pushed for its job or session "
+                "(the request carried none)")
 
     def key(self) -> bytes:
         """Equal for equal retentions (to send only changes)."""
@@ -54,7 +72,9 @@ def resolve(
     if not configs:
         return None
     owners = [d.owner_scope for d in pushed]
-    return EffectiveRetention(merge(configs), owners[0] if owners else request_scope)
+    return EffectiveRetention(merge(configs), owners[0] if owners else request_scope,
+                              from_request=request_config is not None, pushed=len(kept),
+                              pushed_replaced=len(pushed) - len(kept))
 
 
 class RetentionResolver:

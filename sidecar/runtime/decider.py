@@ -29,6 +29,7 @@ from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
 from sidecar.runtime.recorder import Recorder
+from sidecar.runtime.request_ids import response_ids_of
 
 
 @dataclass(slots=True)
@@ -79,37 +80,82 @@ class Decision:
 
 
 class DecisionLog:
-    """The last decision per request (for Explain) and a fan-out to live watchers."""
+    """Per request, the latest decision of each kind (for Explain and GetJob: a later
+    pin does not hide the retention the request arrived with), and a fan-out to live
+    watchers. A request is found by the id its engine reported or by the id the API
+    client got back (:mod:`sidecar.runtime.request_ids`)."""
 
-    # Each decision is a few values and its inputs (~1-2 KB as a record once read):
-    # 10,000 is ~10-20 MiB.
+    # A request keeps one decision per kind, a handful at most (priority, retention,
+    # pin or release, ...), each a few values and its inputs (~1-2 KB as a record once
+    # read): 10,000 requests are some tens of MiB at most.
     def __init__(self, max_requests: int = 10_000) -> None:
-        self._by_request: OrderedDict[str, Decision] = OrderedDict()
+        self._by_request: OrderedDict[str, _RequestDecisions] = OrderedDict()
+        # Response id → the engine request ids it names (several when reused, or for
+        # the children of a parallel-sampling request); only of requests held above.
+        self._by_response_id: dict[str, list[str]] = {}
         self._max_requests = max_requests
         self.watchers: set[object] = set()
 
     def add(self, decision: Decision) -> None:
-        self._by_request[decision.request_id] = decision
-        self._by_request.move_to_end(decision.request_id)
-        while len(self._by_request) > self._max_requests:
-            self._by_request.popitem(last=False)
+        request_id = decision.request_id
+        held = self._by_request.get(request_id)
+        if held is None:
+            held = self._by_request[request_id] = _RequestDecisions(
+                response_ids_of(request_id))
+            for response_id in held.response_ids:
+                self._by_response_id.setdefault(response_id, []).append(request_id)
+            while len(self._by_request) > self._max_requests:
+                self._forget(*self._by_request.popitem(last=False))
+        else:
+            self._by_request.move_to_end(request_id)
+            held.kinds.pop(decision.kind, None)
+        held.kinds[decision.kind] = decision
         if self.watchers:
             record = decision.record()
             for watcher in list(self.watchers):
                 watcher.offer(record)  # type: ignore[attr-defined]
 
-    def last(self, request_id: str) -> inspect_pb2.DecisionRecord | None:
-        decision = self._by_request.get(request_id)
-        return decision.record() if decision is not None else None
+    def _forget(self, request_id: str, held: _RequestDecisions) -> None:
+        for response_id in held.response_ids:
+            named = self._by_response_id[response_id]
+            named.remove(request_id)
+            if not named:
+                del self._by_response_id[response_id]
+
+    def explain(self, request_id: str) -> list[inspect_pb2.DecisionRecord]:
+        """The latest decision of each kind for ``request_id`` — the id an engine
+        reported, else the id the API client got back (every request it names) —
+        oldest first; [] when none is held."""
+        if request_id in self._by_request:
+            named = [request_id]
+        else:
+            named = self._by_response_id.get(request_id, [])
+        decisions = [decision for name in named
+                     for decision in self._by_request[name].kinds.values()]
+        if len(named) > 1:  # requests of one response id: on one engine, its clock orders
+            decisions.sort(key=lambda decision: (decision.at_s, decision.seq))
+        return [decision.record() for decision in decisions]
 
     def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
+        """The job's latest decisions, newest first: every kind of each request."""
         found: list[inspect_pb2.DecisionRecord] = []
-        for decision in reversed(self._by_request.values()):
-            if len(found) >= limit:
-                break
-            if decision.job_id == job_id:
+        for held in reversed(self._by_request.values()):
+            for decision in reversed(held.kinds.values()):
+                if decision.job_id != job_id:
+                    break  # a request's decisions all name its job
+                if len(found) >= limit:
+                    return found
                 found.append(decision.record())
         return found
+
+
+@dataclass(slots=True)
+class _RequestDecisions:
+    """What the log holds of one request: the ids an API client may know it by, and
+    per kind the latest decision (in the order they were taken)."""
+
+    response_ids: tuple[str, ...]
+    kinds: dict[str, Decision] = field(default_factory=dict)
 
 
 class Decider:
@@ -224,13 +270,13 @@ class Decider:
     ) -> None:
         tool = request.tool_hint or event.tool or None  # the client's word wins
         if event.finish_reason in (pb.FINISH_REASON_ABORT, pb.FINISH_REASON_ERROR):
-            self.recorder.on_abort(request, event.at_s)
+            self.recorder.on_abort(request, event.at_s, event.output_tokens)
             # An aborted turn has no next turn to serve: never keep its blocks.
             decision.pins.add(request_id=request.request_id, action=pb.PIN_ACTION_RELEASE)
             self._record(mirror, decision.seq, request.request_id, request.job_id, "release",
                          "aborted or failed request: blocks freed", {"tool": tool or ""})
             return
-        self.recorder.on_finish(request, event.at_s, tool)
+        self.recorder.on_finish(request, event.at_s, tool, event.output_tokens)
         step = replace(step, jobs={**step.jobs, **self.recorder.tracker.views([request.job_id])})
         estimator = self.recorder.estimator
         finished = FinishInput(
@@ -318,9 +364,10 @@ class Decider:
                 state.sent_retention[live.request_id] = key
             else:
                 state.sent_retention.pop(live.request_id, None)
+            reason = (f"priorities set by {effective.source()}" if effective is not None
+                      else "directives withdrawn: the policy's and vLLM's own priorities apply")
             self._record(mirror, decision.seq, live.request_id, live.job_id, "retention",
-                         "directives pushed for the job resolved with the request's own"
-                         if effective is not None else "directives withdrawn",
+                         reason,
                          {"scope": item.scope, "token_ranges": len(item.config.token_ranges)})
 
     def _decide_priorities(

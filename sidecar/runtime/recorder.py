@@ -59,20 +59,24 @@ class Recorder:
             kind="arrival", job_id=request.job_id, request_id=request.request_id,
             at_s=request.arrival_s, is_last_step=request.is_last_step,
             tool_time_s=None if measured is None else measured.duration_s,
+            prompt_tokens=request.prompt_tokens,
         ))
 
-    def on_finish(self, request: RequestView, departure_s: float, tool: str | None) -> None:
+    def on_finish(self, request: RequestView, departure_s: float, tool: str | None,
+                  output_tokens: int) -> None:
         self.tracker.on_finish(request.job_id, request.request_id, departure_s, tool,
                                is_last_step=request.is_last_step)
         self._enqueue_history(JobEvent(
             kind="finish", job_id=request.job_id, request_id=request.request_id,
             at_s=departure_s, tool=tool, is_last_step=request.is_last_step,
+            output_tokens=output_tokens,
         ))
 
-    def on_abort(self, request: RequestView, at_s: float) -> None:
+    def on_abort(self, request: RequestView, at_s: float, output_tokens: int) -> None:
         self.tracker.on_abort(request.job_id, request.request_id)
         self._enqueue_history(JobEvent(
-            kind="abort", job_id=request.job_id, request_id=request.request_id, at_s=at_s))
+            kind="abort", job_id=request.job_id, request_id=request.request_id, at_s=at_s,
+            output_tokens=output_tokens))
 
     def _enqueue_history(self, event: JobEvent) -> None:
         self._enqueue(lambda: self.history.append(event))

@@ -187,9 +187,11 @@ class Daemon:
         )
         if not (self.config.auth.tokens or self.config.auth.tokens_file):
             log.warning("retention_scopes_unauthenticated",
-                        detail="retention scopes are claimed by callers, not authenticated, "
-                               "and engines report without a token: configure auth.tokens "
-                               "or auth.tokens_file, and auth.engine_scopes")
+                        detail="retention scopes are claimed by callers (the request's "
+                               "scope field), not authenticated, a bearer token sent "
+                               "without a scope is refused, and engines report without a "
+                               "token: configure auth.tokens or auth.tokens_file, and "
+                               "auth.engine_scopes")
 
     async def _forget_departed_engines(self) -> None:
         """Checks a few times per ``engine_forget_after_s``: an engine is forgotten

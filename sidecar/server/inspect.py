@@ -159,9 +159,11 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
             if event.kind == "arrival":
                 turn.arrival_s = event.at_s
                 turn.tool_time_s = event.tool_time_s or 0.0
+                turn.prompt_tokens = event.prompt_tokens or 0
             else:
                 turn.departure_s = event.at_s
                 turn.tool = event.tool or ""
+                turn.output_tokens = event.output_tokens or 0
         return pb.GetJobResponse(
             found=True,
             summary=summary or pb.JobSummary(job_id=request.job_id),
@@ -210,10 +212,10 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "request_id: must not be empty")
-        record = self._decisions.last(request.request_id)
-        if record is None:
+        decisions = self._decisions.explain(request.request_id)
+        if not decisions:
             return pb.ExplainResponse(found=False)
-        return pb.ExplainResponse(found=True, decision=record)
+        return pb.ExplainResponse(found=True, decision=decisions[-1], decisions=decisions)
 
     async def WatchDecisions(
         self, request: pb.WatchDecisionsRequest, context: grpc.aio.ServicerContext

@@ -3,9 +3,14 @@
 Who the caller is: with auth tokens configured, the scope of the caller's bearer token
 (``authorization: Bearer <token>``) — a mutation without a valid one is
 UNAUTHENTICATED and the request's ``scope`` field is ignored; without tokens, the
-``scope`` the request claims. Reads need no token. Ownership is decided atomically in
-the store (``sidecar.retention.directives``); every accepted change is written through
-to the directory the decision path reads, so it applies from the next engine step.
+``scope`` the request claims; then a mutation that sends a bearer token but claims no
+scope is INVALID_ARGUMENT, since the token identifies no one and its sender expects it
+to (an anonymous directive is one its setter can never clear), and refusing an
+anonymous caller says which scope to claim. Reads need no token.
+
+Ownership is decided atomically in the store (``sidecar.retention.directives``); every
+accepted change is written through to the directory the decision path reads, so it
+applies from the next engine step.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import structlog
 
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
-from sidecar.retention.auth import Authenticator, Unauthenticated
+from sidecar.retention.auth import AUTHORIZATION, Authenticator, Unauthenticated
 from sidecar.retention.directives import (
     DirectiveError,
     OwnershipError,
@@ -47,9 +52,18 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         self._auth = authenticator if authenticator is not None else Authenticator({})
         self.tool_announcements: dict[str, tuple[str, float]] = {}
 
-    async def _caller(self, claimed_scope: str, context: grpc.aio.ServicerContext) -> str:
-        """The caller's scope for a mutation; aborts UNAUTHENTICATED without a valid token."""
+    async def _caller(self, claimed_scope: str, context: grpc.aio.ServicerContext, *,
+                      claims_scope: bool = True) -> str:
+        """The caller's scope for a mutation; aborts UNAUTHENTICATED without a valid token,
+        and INVALID_ARGUMENT for a token sent without a scope to a daemon that has no
+        tokens (``claims_scope``: the request has a scope field)."""
         if not self._auth.enabled:
+            if claims_scope and not claimed_scope and _sends_token(context):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "scope: missing, and the authorization header identifies no one: this "
+                    "daemon has no auth.tokens, so callers are the scope they claim; add "
+                    '"scope": "<your scope>" to the request (or configure auth.tokens)')
             return claimed_scope
         try:
             return self._auth.scope_of(context.invocation_metadata())
@@ -70,7 +84,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         except DirectiveError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except OwnershipError as error:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, self._refusal(error, scope))
         except StoreError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store: {error}")
         if self._directory is not None:
@@ -107,7 +121,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         except OwnershipError as error:
             code = (grpc.StatusCode.UNAUTHENTICATED if scope == ANONYMOUS
                     else grpc.StatusCode.PERMISSION_DENIED)
-            await context.abort(code, str(error))
+            await context.abort(code, self._refusal(error, scope))
         except StoreError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"store: {error}")
         if cleared and self._directory is not None:
@@ -116,10 +130,20 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
             log.info("retention_cleared", target=target, scope=scope)
         return pb.ClearDirectivesResponse(cleared=cleared)
 
+    def _refusal(self, error: OwnershipError, caller: str) -> str:
+        """The refusal, and for an anonymous caller what would make it the owner (with
+        auth on, no caller is anonymous: every token maps to a named scope)."""
+        if caller != ANONYMOUS:
+            return str(error)
+        claim = "<your scope>" if error.owner == ANONYMOUS else error.owner
+        return (f'{error}: add "scope": "{claim}" to the request (this daemon has no '
+                "auth.tokens, so callers are the scope they claim and an authorization "
+                "header is ignored)")
+
     async def AnnounceToolCall(
         self, request: pb.AnnounceToolCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.AnnounceToolCallResponse:
-        await self._caller("", context)
+        await self._caller("", context, claims_scope=False)
         if not request.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: must not be empty")
         if not request.tool:
@@ -129,3 +153,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
                                 "expected_duration_s: must not be negative")
         self.tool_announcements[request.job_id] = (request.tool, request.expected_duration_s)
         return pb.AnnounceToolCallResponse()
+
+
+def _sends_token(context: grpc.aio.ServicerContext) -> bool:
+    return any(key.lower() == AUTHORIZATION for key, _ in context.invocation_metadata() or ())

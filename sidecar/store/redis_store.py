@@ -31,6 +31,12 @@ transition is acknowledged only after ``WAIT N timeout`` on the same connection
 confirmed N replicas have it, so it survives the loss of its master to a failover; when
 the timeout passes first (no replica in sync, e.g. right after a failover), the write is
 kept on the master, acknowledged, and logged (``store_write_unreplicated``).
+
+A Redis that keeps its data in memory only (neither ``appendonly`` nor a ``save``
+schedule, on the server or a cluster master) loses every acknowledged write when it
+restarts: the store says so once, at connect (``store_not_persistent``); one that
+refuses ``CONFIG`` (managed services) gets an info line instead
+(``store_persistence_unknown``).
 """
 
 from __future__ import annotations
@@ -256,6 +262,7 @@ class RedisStore:
         except BaseException:
             await store.close()
             raise
+        await store._warn_unless_persistent()
         return store
 
     async def ping(self) -> None:
@@ -275,6 +282,36 @@ class RedisStore:
             raise StoreError(
                 f"Redis at {redact(self.url)} is a Redis Cluster node: use a "
                 f"{'rediss' if self.url.startswith('rediss') else 'redis'}+cluster:// URL")
+
+    async def _warn_unless_persistent(self) -> None:
+        """One warning naming the servers that keep their data in memory only; never a
+        failure (a store that cannot tell serves all the same)."""
+        try:
+            volatile = [name for name, settings in (await self._persistence()).items()
+                        if settings.get("appendonly") != "yes" and not settings.get("save")]
+        except BACKEND_ERRORS as error:
+            log.info("store_persistence_unknown", url=redact(self.url),
+                     detail=f"CONFIG GET refused ({error}): make sure Redis persists its "
+                            "data, or a restart loses acknowledged retention directives")
+            return
+        if volatile:
+            log.warning(
+                "store_not_persistent", url=redact(self.url), nodes=volatile,
+                risk="a Redis restart loses every acknowledged retention directive, job "
+                     "history and tool statistic",
+                fix="turn on persistence: appendonly yes (or a save schedule) in redis.conf, "
+                    "or CONFIG SET appendonly yes and CONFIG REWRITE")
+
+    async def _persistence(self) -> dict[str, dict[str, str]]:
+        """Per server or cluster master (host:port), its ``appendonly`` and ``save``
+        settings: a master's data is what a restart can lose."""
+        names = ("appendonly", "save")
+        if isinstance(self._client, RedisCluster):
+            return {node.name: {name: _text((await self._client.config_get(
+                        name, target_nodes=node)).get(name)) for name in names}
+                    for node in self._client.get_primaries()}
+        return {redact(self.url): {name: _text((await self._client.config_get(name)).get(name))
+                                   for name in names}}
 
     async def close(self) -> None:
         if isinstance(self._client, RedisCluster):
@@ -440,6 +477,10 @@ class RedisStore:
                 failures += 1
                 if not await self._connections.recover(error, failures, started_s):
                     raise StoreError(f"Redis call failed: {error}") from error
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
 def _redact(url: str) -> str:

@@ -27,7 +27,7 @@ import pytest
 
 import sidecar
 from sidecar.api.v1 import engine_session_pb2 as pb
-from sidecar.api.v1 import engine_session_pb2_grpc
+from sidecar.api.v1 import engine_session_pb2_grpc, retention_pb2
 from tests.support.daemon import DaemonProcess, running_daemon
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
@@ -124,7 +124,7 @@ def test_get_job(daemon: DaemonProcess) -> None:
     assert job["summary"]["last_tool"] == "ls"
     first, second = job["turns"]
     assert first == {"request_id": "job-ls-t1", "arrival_s": 0.5, "departure_s": 3,
-                     "tool": "ls"}
+                     "prompt_tokens": 200, "output_tokens": 40, "tool": "ls"}
     # The second turn arrived 0.5 s after the first left: that is ls's tool time.
     assert second["request_id"] == "job-ls-t2" and second["tool_time_s"] == 0.5
     assert "departure_s" not in second  # still in flight
@@ -251,9 +251,10 @@ def test_inspect_jobs_table(daemon: DaemonProcess) -> None:
 def test_inspect_job_tables(daemon: DaemonProcess) -> None:
     turns, pins, decisions = (rows(block) for block in
                               kvtether_inspect(daemon, "job", "job-ls").split("\n\n"))
-    assert turns[0] == ["request", "arrival s", "departure s", "tool", "tool time s"]
-    assert turns[1:] == [["job-ls-t1", "0.500", "3.000", "ls", "0.000"],
-                         ["job-ls-t2", "3.500", "0.000", "-", "0.500"]]
+    assert turns[0] == ["request", "arrival s", "departure s", "prompt tokens",
+                        "output tokens", "tool", "tool time s"]
+    assert turns[1:] == [["job-ls-t1", "0.500", "3.000", "200", "40", "ls", "0.000"],
+                         ["job-ls-t2", "3.500", "0.000", "300", "0", "-", "0.500"]]
     assert pins[1:] == [["job-ls-t1", str(PINNED_BLOCKS), "5.000"]]
     assert decisions[0] == ["decision", "request", "reason"]
     assert any(row[:2] == ["pin", "job-ls-t1"] for row in decisions[1:]), decisions
@@ -340,3 +341,71 @@ def test_get_policy_shows_the_step_cost_learned_from_the_engine() -> None:
     share = f"{cost['prefill_time_share']:.0%}"
     assert table[-1] == ["cpu-engine", "2e-05", "0.003", "0.0001", cost["steps"],
                          f"{tokens_per_s:.4g}", share]
+
+
+# --- what an operator looks up after a real request ------------------------------------
+
+# vLLM 0.32 gives the OpenAI client `chatcmpl-<id>` and schedules the request as that id
+# plus "-" and 8 random hex digits (InputProcessor.assign_request_id).
+RESPONSE_ID = "chatcmpl-5b1f0c9e7a2d"
+ENGINE_REQUEST_ID = f"{RESPONSE_ID}-3fa2c1d0"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[DaemonProcess]:
+    """A job of two turns as vLLM reports them: the first carries its own retention
+    directives, runs, and finishes having called ``ls`` (continuum pins it)."""
+    with running_daemon("--policy", "continuum") as process:
+        with process.channel() as channel:
+            stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+            own = retention_pb2.RetentionConfig(token_ranges=[
+                retention_pb2.TokenRangeRetention(token_start=0, token_end=64, priority=90)])
+            step(stub, ENGINE, 1, new_requests=[
+                pb.NewRequest(request_id=ENGINE_REQUEST_ID, job_id="job-served",
+                              arrival_s=0.5, prompt_tokens=120, retention=own)])
+            step(stub, ENGINE, 2, events=[
+                pb.RequestEvent(request_id=ENGINE_REQUEST_ID, kind=pb.EVENT_KIND_ADMITTED,
+                                at_s=1.0)])
+            step(stub, ENGINE, 3, events=[
+                pb.RequestEvent(request_id=ENGINE_REQUEST_ID, kind=pb.EVENT_KIND_FINISHED,
+                                at_s=2.0, finish_reason=pb.FINISH_REASON_STOP,
+                                output_tokens=33, tool="ls", blocks=8)])
+            step(stub, ENGINE, 4, new_requests=[
+                pb.NewRequest(request_id="chatcmpl-second-0a0b0c0d", job_id="job-served",
+                              arrival_s=2.5, prompt_tokens=250)])
+        yield process
+
+
+def test_item9_explain_by_response_id(served: DaemonProcess) -> None:
+    by_response = grpcurl(served, "Explain", {"request_id": RESPONSE_ID})
+    assert by_response.get("found") is True, "the id the OpenAI client got finds nothing"
+    assert by_response == grpcurl(served, "Explain", {"request_id": ENGINE_REQUEST_ID})
+    assert by_response["decision"]["request_id"] == ENGINE_REQUEST_ID
+    out = kvtether_inspect(served, "explain", RESPONSE_ID)
+    assert out.startswith(f"pin for {ENGINE_REQUEST_ID} (job job-served")
+    # Only vLLM's suffix is taken off: a shorter id is not a prefix match.
+    assert grpcurl(served, "Explain", {"request_id": "chatcmpl-5b1f"}) == {}
+
+
+def test_item9_getjob_token_counts(served: DaemonProcess) -> None:
+    first, second = grpcurl(served, "GetJob", {"job_id": "job-served"})["turns"]
+    assert (first["prompt_tokens"], first["output_tokens"]) == (120, 33)
+    assert second["prompt_tokens"] == 250 and "output_tokens" not in second  # in flight
+    turns = rows(kvtether_inspect(served, "job", "job-served").split("\n\n")[0])
+    assert turns[0] == ["request", "arrival s", "departure s", "prompt tokens",
+                        "output tokens", "tool", "tool time s"]
+    assert turns[1][3:5] == ["120", "33"]
+
+
+def test_item9_retention_decision_kept(served: DaemonProcess) -> None:
+    answer = grpcurl(served, "Explain", {"request_id": ENGINE_REQUEST_ID})
+    assert answer["decision"]["kind"] == "pin"  # the latest, as before
+    kinds = [d["kind"] for d in answer["decisions"]]
+    assert "retention" in kinds and kinds[-1] == "pin", kinds
+    retention = next(d for d in answer["decisions"] if d["kind"] == "retention")
+    # Nothing was pushed: the request's own directives set its priorities.
+    assert retention["reason"] == ("priorities set by the request's own directives "
+                                   "(none pushed for its job or session)")
+    job = grpcurl(served, "GetJob", {"job_id": "job-served"})
+    listed = {(d["request_id"], d["kind"]) for d in job["last_decisions"]}
+    assert {(ENGINE_REQUEST_ID, "retention"), (ENGINE_REQUEST_ID, "pin")} <= listed

@@ -143,3 +143,40 @@ def test_the_daemon_warns_when_scopes_are_not_authenticated() -> None:
         assert daemon.process.stderr is not None
         logs = daemon.process.stderr.read()
     assert '"event": "retention_scopes_unauthenticated"' in logs
+
+
+def test_item9_clear_directives_error_says_how(open_daemon: DaemonProcess) -> None:
+    target = {"session_id": "s-item9"}
+    config = DIRECTIVES["config"]
+    # README's SetDirectives, bearer header and no scope, on a daemon without auth
+    # tokens: the header identifies no one, and the caller is told so instead of
+    # silently setting a directive nobody can clear.
+    rc, error = grpcurl(open_daemon, "SetDirectives", {"target": target, "config": config},
+                        token=OWNER_TOKEN)
+    assert rc != 0 and "Code: InvalidArgument" in error, error
+    assert "authorization" in error and '"scope"' in error and "auth.tokens" in error
+    assert read_back_target(open_daemon, target) == {}
+
+    # Set without any identity, then cleared: the refusal says what to add.
+    rc, answer = grpcurl(open_daemon, "SetDirectives", {"target": target, "config": config})
+    assert rc == 0 and "owner_scope" not in answer  # anonymous
+    rc, error = grpcurl(open_daemon, "ClearDirectives", {"target": target})
+    assert rc != 0 and "Code: Unauthenticated" in error
+    assert 'add "scope"' in error and "auth.tokens" in error, error
+    rc, answer = grpcurl(open_daemon, "ClearDirectives", {"target": target, "scope": "ops"})
+    assert rc == 0 and answer == {"cleared": True}
+
+    # A named owner's directive: the refusal names the scope to claim.
+    rc, _ = grpcurl(open_daemon, "SetDirectives",
+                    {"target": target, "config": config, "scope": "dynamo"})
+    assert rc == 0
+    rc, error = grpcurl(open_daemon, "ClearDirectives", {"target": target})
+    assert rc != 0 and '"scope": "dynamo"' in error, error
+    rc, answer = grpcurl(open_daemon, "ClearDirectives", {"target": target, "scope": "dynamo"})
+    assert rc == 0 and answer == {"cleared": True}
+
+
+def read_back_target(daemon: DaemonProcess, target: dict[str, str]) -> dict[str, Any]:
+    rc, answer = grpcurl(daemon, "GetDirectives", {"target": target})
+    assert rc == 0 and isinstance(answer, dict)
+    return answer

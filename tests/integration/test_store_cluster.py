@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from sidecar.config import ConfigError, load_config
 from sidecar.store import StoreError, Transition, Write, keys, open_store
@@ -214,3 +215,21 @@ async def test_more_callers_than_connections_wait_on_a_cluster(clean_redis_clust
         assert (await store.hgetall(key))["count"] == 100.0
     finally:
         await store.close()
+
+
+async def test_item9_redis_cluster_without_persistence_warns(clean_redis_cluster: str) -> None:
+    # The test cluster's masters keep everything in memory: one warning names them all.
+    with capture_logs() as logs:
+        store = await RedisStore.connect(clean_redis_cluster)
+        await store.close()
+    (warning,) = [entry for entry in logs if entry["event"] == "store_not_persistent"]
+    assert warning["log_level"] == "warning"
+    assert sorted(warning["nodes"]) == _masters(clean_redis_cluster)  # type: ignore[type-var]
+
+
+def _masters(url: str) -> list[str]:
+    client = _client(url)
+    try:
+        return sorted(node.name for node in client.get_primaries())
+    finally:
+        client.close()

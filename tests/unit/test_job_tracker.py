@@ -194,8 +194,9 @@ def test_max_jobs_is_validated() -> None:
 @pytest.mark.parametrize(
     "event",
     [
-        JobEvent("arrival", "a", "r1", 1.5, tool_time_s=0.25),
-        JobEvent("finish", "a", "r1", 2.0, tool="git status", is_last_step=True),
+        JobEvent("arrival", "a", "r1", 1.5, tool_time_s=0.25, prompt_tokens=812),
+        JobEvent("finish", "a", "r1", 2.0, tool="git status", is_last_step=True,
+                 output_tokens=0),
         JobEvent("abort", "job:{x}", "r2", 3.0),
     ],
 )
@@ -215,3 +216,11 @@ def test_events_round_trip_as_json(event: JobEvent) -> None:
 )
 def test_unreadable_events_are_skipped(raw: bytes) -> None:
     assert JobEvent.from_json(raw) is None
+
+
+def test_item9_getjob_token_counts_of_older_events() -> None:
+    # Events written before token counts were recorded still read, without them.
+    old = b'{"v":1,"kind":"finish","job_id":"a","request_id":"r1","at_s":2.0,"tool":"ls"}'
+    assert JobEvent.from_json(old) == JobEvent("finish", "a", "r1", 2.0, tool="ls")
+    bad = old[:-1] + b',"output_tokens":-3}'
+    assert JobEvent.from_json(bad) is None

@@ -40,7 +40,6 @@ def test_reads_job_metadata(extra: object, session: str | None, job: str, last: 
     [
         ({"job_id": ["not", "a", "string"]}, "job_id"),
         ({"is_last_step": 7}, "is_last_step"),
-        ({"job_id": "x" * 1000}, "job_id"),
         ({"tool": {"name": "ls"}}, "tool"),
         ({"retention_directives": "priority 100"}, "retention_directives"),
     ],
@@ -111,3 +110,27 @@ def test_item6_a_bad_engine_token_setting_names_the_variable(
         PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value
                                  for name, value in variables.items()})
     assert "has space" not in str(refused.value)
+
+
+def test_item9_tool_names_cleaned(caplog: pytest.LogCaptureFixture) -> None:
+    # A client's tool is cleaned like a parsed one: one line, cut at 128, never dropped.
+    assert read_metadata(request({"tool": "pytest\n-x\t\x1b[31m"})).tool == "pytest -x [31m"
+    assert read_metadata(request({"tool": "t" * 300})).tool == "t" * 128
+    assert read_metadata(request({"tool": "*"})).tool == ""
+
+
+def test_item9_long_job_id_kept(caplog: pytest.LogCaptureFixture) -> None:
+    # A job id over the limit keeps its job: every turn maps to the same bounded id,
+    # two long ids never share one, and the engine log says so once per job.
+    first = "job-" + "a" * 400
+    second = "job-" + "a" * 399 + "b"
+    with caplog.at_level(logging.WARNING, logger="kvtether.plugin"):
+        turns = [read_metadata(request({"job_id": first})).job_id for _ in range(3)]
+        other = read_metadata(request({"job_id": second})).job_id
+        by_session = read_metadata(request(None, session_id=first)).job_id
+    assert turns[0] and turns == [turns[0]] * 3 and by_session == turns[0]
+    assert len(turns[0]) <= 256 and len(other) <= 256 and other != turns[0]
+    assert turns[0].startswith("job-aaaa")
+    assert caplog.text.count("job_id") + caplog.text.count("session_id") == 2
+    scope = read_metadata(request({"retention_scope": "s" * 300})).retention_scope
+    assert 0 < len(scope) <= 256

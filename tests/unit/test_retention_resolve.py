@@ -120,3 +120,24 @@ async def test_a_fetch_older_than_a_write_through_is_discarded() -> None:
     await asyncio.sleep(0.05)
     assert [d.owner_scope for d in directory.for_job("j")] == ["new"]
     await directory.close()
+
+
+def test_item9_retention_reason_says_what_set_the_priorities() -> None:
+    dynamo = [pushed(SYSTEM_AND_CONTEXT, "dynamo")]
+    sources = {
+        "own only": resolve(ranges((0, None, 60)), "agent-7", []),
+        "pushed only": resolve(None, "", dynamo),
+        "both": resolve(ranges((0, None, 90)), "", dynamo),
+        "owner replaces": resolve(ranges((0, None, 20)), "dynamo", dynamo),
+    }
+    said = {name: effective.source() for name, effective in sources.items()
+            if effective is not None}
+    assert said == {
+        "own only": "the request's own directives (none pushed for its job or session)",
+        "pushed only": "1 directive(s) pushed for its job or session (the request carried "
+                       "none)",
+        "both": "the request's own directives combined with 1 pushed for its job or "
+                "session (per token, the highest priority wins)",
+        "owner replaces": "the request's own directives, replacing the 1 its scope "
+                          "'dynamo' pushed for its job or session",
+    }

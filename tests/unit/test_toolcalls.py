@@ -186,3 +186,18 @@ def test_never_raises_on_any_output(output: str) -> None:
 @given(st.text(alphabet='{}[]":,nameargumentsfunction<>/_ \n`bash', max_size=300))
 def test_never_raises_on_json_like_garbage(output: str) -> None:
     parse_tool(output)
+
+
+def test_item9_tool_names_cleaned() -> None:
+    # Whether the client names the tool or the model's output does, the name is one
+    # bounded line of text, cut (never dropped) at the same length.
+    long_name = "t" * 300
+    hermes = '<tool_call>{"name": "%s", "arguments": {}}</tool_call>'
+    assert resolve_tool("pytest\n-x\r\n\x00", None) == "pytest -x"
+    assert resolve_tool(None, hermes % "run\\ntests\\u0007") == "run tests"
+    assert resolve_tool(None, hermes % long_name) == resolve_tool(long_name, None) == "t" * 128
+    shell_call = '{"name": "bash", "arguments": {"command": "\'make\\u0007all\' -j4"}}'
+    assert resolve_tool(None, shell_call) == "make all"
+    # The reserved pool name is no tool: the client's "*" leaves the output to say.
+    assert resolve_tool("*", bash("ls")) == "ls"
+    assert resolve_tool(None, hermes % "*") is None

@@ -221,12 +221,14 @@ class DecisionRecord(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Mapping[str, str]] = ..., at_s: _Optional[float] = ..., seq: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("found", "decision")
+    __slots__ = ("found", "decision", "decisions")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
     found: bool
     decision: DecisionRecord
-    def __init__(self, found: _Optional[bool] = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ...) -> None: ...
+    decisions: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
+    def __init__(self, found: _Optional[bool] = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
 
 class WatchDecisionsRequest(_message.Message):
     __slots__ = ("engine_id", "job_id")

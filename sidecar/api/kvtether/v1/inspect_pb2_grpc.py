@@ -110,7 +110,8 @@ class InspectServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Explain(self, request, context):
-        """The inputs and rule behind the last decision taken for a request.
+        """The inputs and rules behind the decisions taken for a request: the latest of
+        each kind.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
