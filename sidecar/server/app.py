@@ -103,7 +103,8 @@ class Daemon:
     async def build(cls, config: DaemonConfig) -> Daemon:
         """Everything that can fail on bad configuration fails here, before serving."""
         policy = build_policy(config.policy.name, config.policy.params)
-        store = await open_store(config.store.redis_url, timeout_s=config.store.timeout_s)
+        store = await open_store(config.store.redis_url, timeout_s=config.store.timeout_s,
+                                 embedded_max_histories=config.store.embedded_max_histories)
         tracker = JobTracker(max_jobs=config.max_jobs_tracked)
         estimator = ToolTimeEstimator(store, stats_ttl_s=config.store.tool_stats_ttl_s)
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
