@@ -197,6 +197,21 @@ class JobTracker:
         if len(self._jobs) > self.max_jobs:
             self._evict_idle(len(self._jobs) - self.max_jobs)
 
+    def on_tool_announced(self, job_id: str, tool: str) -> bool:
+        """An orchestrator says the job is running ``tool`` now, after its latest
+        turn: the tool becomes the job's last tool and the one its next arrival
+        measures (the caller's word wins over the parsed output, as a client's tool
+        hint does). Only a tracked job between turns changes; nothing is kept of any
+        other. Answers whether the job changed."""
+        job = self._jobs.get(job_id)
+        if job is None or job.last_departure_s is None or job.in_flight:
+            return False
+        job.last_tool = tool
+        job.pending_tool = tool
+        job.pending_departure_s = job.last_departure_s
+        job.view = None
+        return True
+
     def view(self, job_id: str) -> JobView | None:
         job = self._jobs.get(job_id)
         return None if job is None else job.snapshot()

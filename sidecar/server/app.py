@@ -125,7 +125,8 @@ class Daemon:
             EngineSessionService(engines), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
             RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
-                             directory=directory, authenticator=authenticator), server)
+                             directory=directory, authenticator=authenticator,
+                             tracker=tracker), server)
         inspect = InspectService(config, policy, store, engines, tracker, estimator, decisions)
         health_servicer = health.aio.HealthServicer()
         credentials = server_credentials(config.tls)
