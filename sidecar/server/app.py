@@ -111,7 +111,7 @@ class Daemon:
                             config.store.history_ttl_s)
         decisions = DecisionLog()
         authenticator = Authenticator(config.auth.token_scopes())
-        directory = RetentionDirectory(store)
+        directory = RetentionDirectory(store, max_jobs=config.max_jobs_tracked)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
         engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
