@@ -128,6 +128,10 @@ class StoreConfig(_Section):
     history_ttl_s: float = Field(24 * 3600.0, gt=0)
     # Tool-time statistics live this long after their last update.
     tool_stats_ttl_s: float = Field(7 * 24 * 3600.0, gt=0)
+    # The embedded store keeps at most this many job histories and tool statistics
+    # (together), dropping the least recently written first. Redis bounds them by
+    # the TTLs above (and its maxmemory policy).
+    embedded_max_histories: int = Field(50_000, ge=1)
 
     @field_validator("redis_url")
     @classmethod

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +61,17 @@ class Daemon:
 
 
 @contextmanager
-def daemon(label: str, forget_after_s: float) -> Iterator[Daemon]:
+def daemon(label: str, forget_after_s: float,
+           env: Mapping[str, str] | None = None) -> Iterator[Daemon]:
+    """A ``kvtether serve`` process (adaptive, embedded store) with ``env`` added to
+    its KVTETHER_* settings."""
     address, metrics_port = f"127.0.0.1:{free_port()}", free_port()
     process = subprocess.Popen(
         serve_command("--listen", address, "--metrics-port", str(metrics_port),
                       "--policy", "adaptive", "--log-level", "warning"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "KVTETHER_ENGINE_FORGET_AFTER_S": str(forget_after_s)})
+        env={**os.environ, "KVTETHER_ENGINE_FORGET_AFTER_S": str(forget_after_s),
+             **(env or {})})
     try:
         wait_serving(address, timeout_s=60)
         with grpc.insecure_channel(address) as channel:

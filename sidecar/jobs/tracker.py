@@ -20,6 +20,8 @@ active *idle* jobs (no request in flight) are forgotten first. A job with reques
 flight is never dropped (its requests are real and bounded by the engine's capacity),
 so the bound can be exceeded only by more jobs in flight than ``max_jobs``. A job whose
 last step finished goes to the front of the eviction order: no turn should follow.
+Requests count as in flight only while an engine reports them: those of an engine
+that left, or that its snapshot no longer lists, are let go (:meth:`on_lost`).
 
 Contract: not thread-safe; the runtime calls it from one event loop. Times are engine
 seconds, as in ``sidecar.framework.types``.
@@ -183,6 +185,32 @@ class JobTracker:
         if not job.in_flight:
             job.in_flight = None
         job.view = None
+
+    def on_lost(self, requests: Iterable[tuple[str, str]]) -> None:
+        """``(job_id, request_id)`` pairs no engine reports any more: the engine's
+        session ended, or its new snapshot does not list them. They stop counting as
+        in flight, with no turn and no tool; an engine that comes back lists those
+        still alive in its snapshot, which puts them back. Jobs past ``max_jobs``
+        are then forgotten, idle ones first, as on any arrival."""
+        for job_id, request_id in requests:
+            self.on_abort(job_id, request_id)
+        if len(self._jobs) > self.max_jobs:
+            self._evict_idle(len(self._jobs) - self.max_jobs)
+
+    def on_tool_announced(self, job_id: str, tool: str) -> bool:
+        """An orchestrator says the job is running ``tool`` now, after its latest
+        turn: the tool becomes the job's last tool and the one its next arrival
+        measures (the caller's word wins over the parsed output, as a client's tool
+        hint does). Only a tracked job between turns changes; nothing is kept of any
+        other. Answers whether the job changed."""
+        job = self._jobs.get(job_id)
+        if job is None or job.last_departure_s is None or job.in_flight:
+            return False
+        job.last_tool = tool
+        job.pending_tool = tool
+        job.pending_departure_s = job.last_departure_s
+        job.view = None
+        return True
 
     def view(self, job_id: str) -> JobView | None:
         job = self._jobs.get(job_id)

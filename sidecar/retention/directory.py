@@ -10,7 +10,10 @@
   of the live requests. On the embedded store this daemon is the only writer: the
   write-through is the whole truth and nothing is fetched.
 - The store keeps each directive under its TTL (PEXPIRE); an entry here is only a
-  cache of it, bounded to ``max_entries`` (least recently used dropped first).
+  cache of it, bounded to ``max_entries`` (least recently used dropped first). Where
+  directives are fetched, a dropped entry is fetched again when needed, so the cache
+  holds no more than the jobs the daemon tracks (``max_jobs``: two targets each);
+  every job that passes would otherwise leave its two entries behind.
 
 Called from the daemon's event loop only.
 """
@@ -80,12 +83,16 @@ class RetentionDirectory:
         max_entries: int = 100_000,
         clock_s: Callable[[], float] = time.monotonic,
         fetch: bool | None = None,
+        max_jobs: int | None = None,
     ) -> None:
         self._store = store
         # None: fetch only from a store other daemons may write (not the embedded one).
         self._fetch_enabled = store.backend_name != "embedded" if fetch is None else fetch
         self._refresh_s = refresh_s
-        self._max_entries = max_entries
+        # Without fetches the entries written through are the whole truth: only
+        # max_entries bounds them.
+        self._max_entries = (min(max_entries, len(TARGET_KINDS) * max_jobs)
+                             if self._fetch_enabled and max_jobs is not None else max_entries)
         self._clock_s = clock_s
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._fetching: dict[str, asyncio.Task[None]] = {}

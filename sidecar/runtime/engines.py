@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 from prometheus_client import Gauge
@@ -28,7 +28,7 @@ from prometheus_client import Gauge
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
 from sidecar.runtime.decider import Decider
-from sidecar.runtime.mirror import EngineMirror
+from sidecar.runtime.mirror import EngineMirror, LiveRequest
 from sidecar.runtime.steptime import EngineStepCosts, StepWork
 from sidecar.telemetry import metrics
 
@@ -190,6 +190,10 @@ class EngineRegistry:
             metrics.SNAPSHOTS.inc()
             if mirror is None:
                 log.info("engine_connected", engine_id=report.engine_id, seq=report.seq)
+            else:
+                listed = {new.request_id for new in report.new_requests}
+                self._lose(live for request_id, live in mirror.requests.items()
+                           if request_id not in listed)
             mirror = EngineMirror(report.engine_id)
             self.mirrors[report.engine_id] = mirror
             self.decider.forget(report.engine_id)
@@ -254,8 +258,7 @@ class EngineRegistry:
         del self._owner[engine_id]
         self._last_seen_s[engine_id] = self._clock_s()
         self._remove_session_series(engine_id)
-        if self.mirrors.pop(engine_id, None) is not None:
-            self.decider.forget(engine_id)
+        if self._drop_mirror(engine_id):
             log.info("engine_disconnected", engine_id=engine_id)
         self._update_pin_gauges()
 
@@ -271,8 +274,7 @@ class EngineRegistry:
             for gauge in _LEARNED_GAUGES:
                 _remove_series(gauge, engine_id)
             self.step_costs.forget(engine_id)
-            if self.mirrors.pop(engine_id, None) is not None:  # a session-less engine
-                self.decider.forget(engine_id)
+            self._drop_mirror(engine_id)  # a session-less engine still has one
             self.decider.policy.forget_engine(engine_id)
             # Last: an engine whose forgetting failed part way is tried again.
             gone_s = now_s - self._last_seen_s.pop(engine_id)
@@ -280,6 +282,21 @@ class EngineRegistry:
         if departed:
             self._update_pin_gauges()
         return departed
+
+    def _drop_mirror(self, engine_id: str) -> bool:
+        """The daemon stops seeing the engine's live requests (its session ended, or
+        a session-less engine went silent): they no longer hold their jobs in flight,
+        so ``max_jobs_tracked`` bounds the jobs of engines that left. An engine that
+        reconnects lists the live ones again in its snapshot. False: no mirror."""
+        mirror = self.mirrors.pop(engine_id, None)
+        if mirror is None:
+            return False
+        self.decider.forget(engine_id)
+        self._lose(mirror.requests.values())
+        return True
+
+    def _lose(self, requests: Iterable[LiveRequest]) -> None:
+        self.decider.recorder.on_lost(live.view() for live in requests)
 
     def _remove_session_series(self, engine_id: str) -> None:
         for gauge in _SESSION_GAUGES:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 
@@ -77,6 +77,11 @@ class Recorder:
         self._enqueue_history(JobEvent(
             kind="abort", job_id=request.job_id, request_id=request.request_id, at_s=at_s,
             output_tokens=output_tokens))
+
+    def on_lost(self, requests: Iterable[RequestView]) -> None:
+        """Requests no engine reports any more leave their jobs' in-flight sets. No
+        history event: the request may well be alive on an engine that comes back."""
+        self.tracker.on_lost((request.job_id, request.request_id) for request in requests)
 
     def _enqueue_history(self, event: JobEvent) -> None:
         self._enqueue(lambda: self.history.append(event))

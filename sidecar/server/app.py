@@ -103,14 +103,15 @@ class Daemon:
     async def build(cls, config: DaemonConfig) -> Daemon:
         """Everything that can fail on bad configuration fails here, before serving."""
         policy = build_policy(config.policy.name, config.policy.params)
-        store = await open_store(config.store.redis_url, timeout_s=config.store.timeout_s)
+        store = await open_store(config.store.redis_url, timeout_s=config.store.timeout_s,
+                                 embedded_max_histories=config.store.embedded_max_histories)
         tracker = JobTracker(max_jobs=config.max_jobs_tracked)
         estimator = ToolTimeEstimator(store, stats_ttl_s=config.store.tool_stats_ttl_s)
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
                             config.store.history_ttl_s)
         decisions = DecisionLog()
         authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes)
-        directory = RetentionDirectory(store)
+        directory = RetentionDirectory(store, max_jobs=config.max_jobs_tracked)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
         engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
@@ -124,7 +125,8 @@ class Daemon:
             EngineSessionService(engines, authenticator), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
             RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
-                             directory=directory, authenticator=authenticator), server)
+                             directory=directory, authenticator=authenticator,
+                             tracker=tracker), server)
         inspect = InspectService(config, policy, store, engines, tracker, estimator, decisions)
         health_servicer = health.aio.HealthServicer()
         credentials = server_credentials(config.tls)

@@ -1,5 +1,9 @@
 """gRPC Retention: orchestrators set, read back and clear directives per job or session.
 
+A tool call an orchestrator announces names the job's tool in the job tracker (the
+job's last tool for policies, and the tool its next arrival's tool time counts for);
+the service itself keeps nothing per call.
+
 Who the caller is: with auth tokens configured, the scope of the caller's bearer token
 (``authorization: Bearer <token>``) — a mutation without a valid one is
 UNAUTHENTICATED and the request's ``scope`` field is ignored; without tokens, the
@@ -20,8 +24,10 @@ import time
 import grpc
 import structlog
 
+from sidecar.api.bounds import FieldError, check_tool
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
+from sidecar.jobs import JobTracker
 from sidecar.retention.auth import AUTHORIZATION, Authenticator, Unauthenticated
 from sidecar.retention.directives import (
     DirectiveError,
@@ -45,12 +51,13 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         directive_ttl_s: float,
         directory: RetentionDirectory | None = None,
         authenticator: Authenticator | None = None,
+        tracker: JobTracker | None = None,
     ) -> None:
         self._store = store
         self._ttl_ms = int(directive_ttl_s * 1000)
         self._directory = directory
         self._auth = authenticator if authenticator is not None else Authenticator({})
-        self.tool_announcements: dict[str, tuple[str, float]] = {}
+        self._tracker = tracker
 
     async def _caller(self, claimed_scope: str, context: grpc.aio.ServicerContext, *,
                       claims_scope: bool = True) -> str:
@@ -148,10 +155,17 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: must not be empty")
         if not request.tool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool: must not be empty")
+        try:
+            check_tool("tool", request.tool)
+        except FieldError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if request.expected_duration_s < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "expected_duration_s: must not be negative")
-        self.tool_announcements[request.job_id] = (request.tool, request.expected_duration_s)
+        # A job the daemon does not track (unknown, or already forgotten) is left
+        # alone: keeping announcements of any job id would be memory any caller takes.
+        if self._tracker is not None:
+            self._tracker.on_tool_announced(request.job_id, request.tool)
         return pb.AnnounceToolCallResponse()
 
 

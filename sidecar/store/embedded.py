@@ -5,6 +5,13 @@ backend (both pass the same suite), including expiries: a key past its deadline 
 gone for every reader. Expired keys are dropped lazily when touched and, so memory
 stays bounded without a sweeper loop, a few of the oldest deadlines are collected on
 every write (amortised O(log n)).
+
+Expiry alone does not bound memory: a day's history TTL holds every job of the day.
+So the lists and hashes — what traffic creates one of per job or per tool (histories,
+tool statistics) — are also bounded by count: past ``max_histories`` the least
+recently written goes first. Plain values (retention directives, acknowledged to
+their callers) are not counted and live until their TTL. Redis bounds the same keys
+by their TTLs and its own ``maxmemory`` policy.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import fnmatch
 import heapq
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -22,6 +30,8 @@ T = TypeVar("T")
 
 _Value = bytes | dict[str, float] | list[bytes]
 
+DEFAULT_MAX_HISTORIES = 50_000
+
 
 class EmbeddedStore:
     backend_name = "embedded"
@@ -30,9 +40,15 @@ class EmbeddedStore:
     # creates them, small enough to keep a write cheap.
     _COLLECT_PER_WRITE = 8
 
-    def __init__(self, clock_s: object = time.monotonic) -> None:
+    def __init__(self, clock_s: object = time.monotonic,
+                 max_histories: int = DEFAULT_MAX_HISTORIES) -> None:
+        if max_histories < 1:
+            raise ValueError(f"max_histories must be >= 1, got {max_histories!r}")
         self._clock_s = clock_s
+        self._max_histories = max_histories
         self._values: dict[str, _Value] = {}
+        # The list and hash keys, least recently written first.
+        self._histories: OrderedDict[str, None] = OrderedDict()
         self._deadline_s: dict[str, float] = {}
         self._deadline_heap: list[tuple[float, str]] = []
         # A plain lock: calls are short and may come from the event loop or a thread.
@@ -51,7 +67,17 @@ class EmbeddedStore:
 
     def _drop(self, key: str) -> bool:
         self._deadline_s.pop(key, None)
+        self._histories.pop(key, None)
         return self._values.pop(key, None) is not None
+
+    def _written_history(self, key: str) -> None:
+        """A list or hash was written: it is the most recent; the oldest past the
+        bound go."""
+        histories = self._histories
+        histories[key] = None
+        histories.move_to_end(key)
+        while len(histories) > self._max_histories:
+            self._drop(next(iter(histories)))
 
     def _expire_in(self, key: str, ttl_ms: int | None) -> None:
         if ttl_ms is None:
@@ -97,6 +123,7 @@ class EmbeddedStore:
 
     async def set(self, key: str, value: bytes, ttl_ms: int | None = None) -> None:
         with self._lock:
+            self._histories.pop(key, None)
             self._values[key] = bytes(value)
             self._expire_in(key, ttl_ms)
             self._collect()
@@ -121,6 +148,7 @@ class EmbeddedStore:
                 self._values[key] = fields
             for name, delta in increments.items():
                 fields[name] = fields.get(name, 0.0) + float(delta)
+            self._written_history(key)
             self._expire_in(key, ttl_ms)
             self._collect()
 
@@ -140,6 +168,7 @@ class EmbeddedStore:
             items.append(bytes(item))
             if len(items) > max_len:
                 del items[: len(items) - max_len]
+            self._written_history(key)
             self._expire_in(key, ttl_ms)
             self._collect()
 
@@ -171,6 +200,7 @@ class EmbeddedStore:
                 if write.value is None:
                     self._drop(key)
                 else:
+                    self._histories.pop(key, None)
                     self._values[key] = bytes(write.value)
                     self._expire_in(key, write.ttl_ms)
             self._collect()

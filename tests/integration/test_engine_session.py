@@ -269,3 +269,29 @@ async def test_item6_unary_step_cannot_touch_an_engine_with_a_live_session(
     alone = await stub.Step(pb.StepReport(engine_id="live-engine", seq=1, snapshot=True,
                                           now_s=3.0, kv=KV))
     assert not alone.resync_requested
+
+
+async def test_item5_every_key_the_daemon_writes_to_redis_expires(clean_redis: str) -> None:
+    """On Redis, histories (and everything else kvtether writes) are bounded by age:
+    after jobs ran, tools were timed and a directive was set, no key lacks a TTL."""
+    import redis as redis_client
+
+    from sidecar.api.v1 import retention_pb2, retention_pb2_grpc
+
+    async with inprocess_daemon(policy={"name": "continuum"},
+                                store={"redis_url": clean_redis}) as (daemon, channel):
+        engine = Engine(channel)
+        await engine.send(snapshot=True, new_requests=[new("r1", "job", 1.0)])
+        await engine.send(events=[finished("r1", 2.0, tool="pytest")])
+        await engine.send(new_requests=[new("r2", "job", 5.0), new("solo", "", 5.0)])
+        await engine.send(events=[finished("r2", 6.0), finished("solo", 6.0)])
+        await retention_pb2_grpc.RetentionStub(channel).SetDirectives(
+            retention_pb2.SetDirectivesRequest(
+                target=retention_pb2.RetentionTarget(job_id="job"), scope="orchestrator",
+                config=retention_pb2.RetentionConfig(decode_priority=80)))
+        await engine.close()
+        assert await daemon.recorder.drain()
+    client = redis_client.Redis.from_url(clean_redis)
+    written = [key.decode() for key in client.scan_iter("kvt:*")]
+    assert {key.rsplit(":", 1)[-1] for key in written} >= {"history", "stats", "directive"}
+    assert {key: client.pttl(key) for key in written if client.pttl(key) < 0} == {}

@@ -182,3 +182,33 @@ async def test_with_auth_mutations_need_a_valid_token(authenticated, metadata) -
     # Reads need no token, and nothing changed.
     read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
     assert read.owner_scope == "owner" and read.config == ranges((0, None, 80))
+
+
+async def test_item4_announcements_of_many_jobs_leave_memory_bounded() -> None:
+    """An orchestrator (or anyone) announcing tool calls for ever new job ids: what
+    the daemon keeps of them stays within its job bound, not one entry per call."""
+    import tracemalloc
+
+    flags = {"max_jobs_tracked": 50,
+             "limits": {"retention_calls_per_s": 1e6, "retention_burst": 100_000}}
+    async with inprocess_daemon(**flags) as (daemon, channel):
+        retention = retention_pb2_grpc.RetentionStub(channel)
+
+        async def announce(first: int, count: int) -> None:
+            for index in range(first, first + count):
+                job_id = f"{index:08d}".ljust(256, "j")
+                await retention.AnnounceToolCall(pb.AnnounceToolCallRequest(
+                    job_id=job_id, tool="pytest", expected_duration_s=30.0))
+
+        await announce(0, 200)  # warm up gRPC's own caches
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            await announce(200, 3_000)
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        kept_bytes = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        # 3,000 job ids of 256 characters are ~1 MB; a bounded daemon keeps ~nothing.
+        assert kept_bytes < 200_000
+        assert len(daemon.recorder.tracker) <= 50

@@ -153,3 +153,76 @@ def test_an_engine_without_a_session_is_forgotten_once_silent_and_resyncs() -> N
     assert "unary" not in engines.mirrors and "unary" not in policy.engines_known()
     late = engines.handle(pb.StepReport(engine_id="unary", seq=seq + 1, now_s=9.0, kv=KV))
     assert late.resync_requested
+
+
+def live_snapshot(engine_id: str, live_requests: int) -> pb.StepReport:
+    """An engine's first report: ``live_requests`` turns of as many jobs, all running."""
+    report = pb.StepReport(engine_id=engine_id, seq=1, snapshot=True, now_s=1.0, kv=KV)
+    for index in range(live_requests):
+        report.new_requests.append(pb.NewRequest(
+            request_id=f"{engine_id}-r{index}", job_id=f"{engine_id}-j{index}",
+            arrival_s=0.5, prompt_tokens=64, state=pb.REQUEST_STATE_RUNNING))
+    return report
+
+
+def bounded_registry(clock: Clock, max_jobs: int) -> tuple[EngineRegistry, JobTracker]:
+    store = EmbeddedStore()
+    tracker = JobTracker(max_jobs=max_jobs)
+    recorder = Recorder(store, tracker, ToolTimeEstimator(store), 100, 60.0)
+    engines = EngineRegistry(Decider(build_policy("fcfs", {}), recorder, DecisionLog()),
+                             forget_after_s=FORGET_AFTER_S, clock_s=clock)
+    return engines, tracker
+
+
+def test_item5_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> None:
+    """Bound 200; five engines with 150 live requests each disconnect (their pods were
+    replaced): once they are gone, the daemon holds at most the bound, not 950 jobs
+    whose requests it can never see finish."""
+    clock = Clock()
+    engines, tracker = bounded_registry(clock, max_jobs=200)
+    for index in range(200):  # idle jobs of earlier traffic fill the bound
+        tracker.on_arrival(f"old-{index}", f"old-r{index}", 0.0)
+        tracker.on_finish(f"old-{index}", f"old-r{index}", 0.1, None)
+    for index in range(5):
+        session = EngineStream()
+        engines.handle(live_snapshot(f"pod-{index}", 150), session)
+        engines.disconnect(f"pod-{index}", session)
+    clock.now_s += FORGET_AFTER_S
+    assert sorted(engines.forget_departed()) == [f"pod-{index}" for index in range(5)]
+    assert len(tracker) <= 200
+    for index in range(5):  # what is kept of them is no longer in flight
+        view = tracker.view(f"pod-{index}-j0")
+        assert view is None or view.requests_in_flight == 0
+
+
+def test_item5_a_reconnect_within_the_forget_window_counts_each_turn_once() -> None:
+    """The engine resends its live requests in the reconnect's snapshot: they are in
+    flight again, and a request that finishes afterwards is one turn, with the tool
+    time of its job measured once."""
+    clock = Clock()
+    engines, tracker = bounded_registry(clock, max_jobs=200)
+    first = EngineStream()
+    engines.handle(live_snapshot("pod-a", 3), first)
+    engines.handle(pb.StepReport(engine_id="pod-a", seq=2, now_s=2.0, kv=KV, events=[
+        pb.RequestEvent(request_id="pod-a-r0", kind=pb.EVENT_KIND_FINISHED, at_s=2.0,
+                        finish_reason=pb.FINISH_REASON_STOP, tool="pytest")]), first)
+    engines.disconnect("pod-a", first)
+    view = tracker.view("pod-a-j1")
+    assert view is not None and view.requests_in_flight == 0
+
+    back = EngineStream()
+    reconnect = live_snapshot("pod-a", 3)
+    del reconnect.new_requests[0]  # r0 finished before the engine left
+    reconnect.now_s = 3.0
+    reconnect.new_requests.append(pb.NewRequest(  # j0's next turn, after its tool
+        request_id="pod-a-r0b", job_id="pod-a-j0", arrival_s=2.5, prompt_tokens=64))
+    engines.handle(reconnect, back)
+    view = tracker.view("pod-a-j1")
+    assert view is not None and view.requests_in_flight == 1
+    engines.handle(pb.StepReport(engine_id="pod-a", seq=2, now_s=4.0, kv=KV, events=[
+        pb.RequestEvent(request_id="pod-a-r1", kind=pb.EVENT_KIND_FINISHED, at_s=4.0,
+                        finish_reason=pb.FINISH_REASON_STOP)]), back)
+    view = tracker.view("pod-a-j1")
+    assert view is not None and view.turns_finished == 1 and view.requests_in_flight == 0
+    j0 = tracker.view("pod-a-j0")
+    assert j0 is not None and j0.turns_finished == 1 and j0.requests_in_flight == 1

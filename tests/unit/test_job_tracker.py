@@ -224,3 +224,17 @@ def test_item9_getjob_token_counts_of_older_events() -> None:
     assert JobEvent.from_json(old) == JobEvent("finish", "a", "r1", 2.0, tool="ls")
     bad = old[:-1] + b',"output_tokens":-3}'
     assert JobEvent.from_json(bad) is None
+
+
+def test_an_announced_tool_names_the_jobs_tool_and_its_measured_time() -> None:
+    tracker = JobTracker()
+    tracker.on_arrival("agent", "t1", 0.0)
+    tracker.on_finish("agent", "t1", 1.0, None)  # the parser found no tool call
+    assert tracker.on_tool_announced("agent", "pytest")
+    view = tracker.view("agent")
+    assert view is not None and view.last_tool == "pytest"
+    measured = tracker.on_arrival("agent", "t2", 31.0)
+    assert measured is not None and (measured.tool, measured.duration_s) == ("pytest", 30.0)
+    # Nothing is kept for a job the tracker does not know, nor for one mid-turn.
+    assert not tracker.on_tool_announced("unknown", "ls")
+    assert not tracker.on_tool_announced("agent", "ls") and "unknown" not in tracker

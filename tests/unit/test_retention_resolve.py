@@ -141,3 +141,22 @@ def test_item9_retention_reason_says_what_set_the_priorities() -> None:
         "owner replaces": "the request's own directives, replacing the 1 its scope "
                           "'dynamo' pushed for its job or session",
     }
+
+
+async def test_item5_directives_fetched_for_passing_jobs_stay_within_the_job_bound() -> None:
+    """On a shared store every job that passes is looked up (job and session): the
+    cache keeps the targets of at most ``max_jobs`` jobs, not of every job seen."""
+    store = EmbeddedStore()
+    key = keys.retention_directive("job:job-999")
+    await store.transact([key], set_rule(key, "dynamo", SYSTEM_AND_CONTEXT, 0.0, None))
+    directory = RetentionDirectory(store, refresh_s=60, fetch=True, max_jobs=10)
+    for index in range(1_000):
+        directory.for_job(f"job-{index}")
+        await asyncio.sleep(0)
+    for _ in range(100):
+        if not directory._fetching:
+            break
+        await asyncio.sleep(0.01)
+    assert len(directory._entries) <= 2 * 10
+    assert [d.owner_scope for d in directory.for_job("job-999")] == ["dynamo"]
+    await directory.close()
