@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -43,6 +45,7 @@ from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.inspect import InspectService
 from sidecar.server.limits import RateLimitInterceptor
 from sidecar.server.retention import RetentionService
+from sidecar.server.supervise import supervise
 from sidecar.server.transport import bind_tcp, server_credentials
 from sidecar.store import Store, open_store
 from sidecar.telemetry import metrics
@@ -159,14 +162,12 @@ class Daemon:
             await self.inspect_server.start()
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
-        self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
-        self._tasks.append(asyncio.create_task(self._forget_departed_engines(),
-                                               name="forget-engines"))
+        self._start_task("recorder", self.recorder.run)
+        self._start_task("forget-engines", self._forget_departed_engines)
         # Decisions run on this thread: export how long it waits for a CPU, and say so
         # in the log when that is long.
         if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
-            self._tasks.append(asyncio.create_task(
-                CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run(), name="cpu-wait"))
+            self._start_task("cpu-wait", CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run)
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(
                 self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
@@ -189,6 +190,13 @@ class Daemon:
             log.warning("retention_scopes_unauthenticated",
                         detail="retention scopes are claimed by callers, not authenticated: "
                                "configure auth.tokens or auth.tokens_file")
+
+    def _start_task(self, name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        # Supervised: a task that ends before stop is logged, counted and restarted.
+        # Health stays SERVING meanwhile: decisions do not depend on these tasks, and
+        # an engine told NOT_SERVING would stop scheduling by them.
+        self._tasks.append(asyncio.create_task(supervise(name, start),
+                                               name=f"supervise-{name}"))
 
     async def _forget_departed_engines(self) -> None:
         """Checks a few times per ``engine_forget_after_s``: an engine is forgotten
