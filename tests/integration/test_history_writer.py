@@ -18,6 +18,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc, inspect_pb2, inspect_pb2_grpc
 from sidecar.framework import RequestState, RequestView
 from sidecar.telemetry.metrics import REGISTRY
+from tests.support.daemon import running_daemon
 from tests.support.inprocess import inprocess_daemon
 
 KV = pb.KvCapacity(total_blocks=100, free_blocks=100, block_size_tokens=16)
@@ -82,6 +83,40 @@ def serving(channel: grpc.Channel) -> bool:
     answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                         timeout=5)
     return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_item1_reserved_tool_name_keeps_history_written() -> None:
+    with running_daemon("--policy", "continuum") as daemon, daemon.channel() as channel:
+        stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+        # A turn whose tool is "*" (the pool of every tool), then the job's next turn.
+        codes = two_turns(stub, "engine-star", "job-star", tool="*")
+        hint = step(stub, pb.StepReport(
+            engine_id="engine-hint", seq=1, snapshot=True, now_s=1.0, kv=KV,
+            new_requests=[pb.NewRequest(request_id="h-1", job_id="h", arrival_s=1.0,
+                                        tool_hint="*")]))
+        # A later job's turns are written, and the daemon says it serves.
+        assert two_turns(stub, "engine-later", "job-later") == [grpc.StatusCode.OK] * 3
+        assert len(turns_of(channel, "job-later", expected=2)) == 2
+        assert serving(channel)
+        # The reserved name was refused by name, as a tool and as a tool hint.
+        assert codes[1] == grpc.StatusCode.INVALID_ARGUMENT
+        assert hint == grpc.StatusCode.INVALID_ARGUMENT
+        assert metric(daemon.metrics_port, "kvtether_invalid_reports_total",
+                      field="events") == 1
+        assert metric(daemon.metrics_port, "kvtether_invalid_reports_total",
+                      field="new_requests") == 1
+
+
+def test_item1_infinite_finish_then_arrival_keeps_history_written() -> None:
+    with running_daemon("--policy", "continuum") as daemon, daemon.channel() as channel:
+        stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+        # A finish at +inf, then the job's next turn arriving at +inf (inf - inf = NaN).
+        codes = two_turns(stub, "engine-inf", "job-inf", finish_s=float("inf"),
+                          next_arrival_s=float("inf"))
+        assert two_turns(stub, "engine-later", "job-later") == [grpc.StatusCode.OK] * 3
+        assert len(turns_of(channel, "job-later", expected=2)) == 2
+        assert serving(channel)
+        assert codes[1] == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def _view(request_id: str, job_id: str, arrival_s: float) -> RequestView:
