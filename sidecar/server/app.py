@@ -41,6 +41,7 @@ from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.decider import Decider, DecisionLog
 from sidecar.runtime.engines import EngineRegistry
 from sidecar.runtime.recorder import Recorder
+from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.inspect import InspectService
 from sidecar.server.limits import RateLimitInterceptor
@@ -122,7 +123,8 @@ class Daemon:
         limiter = RateLimitInterceptor(
             f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
             config.limits.retention_burst, authenticator)
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[limiter])
+        server = grpc.aio.server(options=SERVER_OPTIONS,
+                                 interceptors=[DecodeErrorInterceptor(), limiter])
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
             EngineSessionService(engines), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
@@ -135,7 +137,8 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(options=SERVER_OPTIONS)
+            inspect_server = grpc.aio.server(options=SERVER_OPTIONS,
+                                             interceptors=[DecodeErrorInterceptor()])
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])
         else:

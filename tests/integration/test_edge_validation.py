@@ -1,7 +1,8 @@
 """What a caller sends is checked at the daemon's edge, against a real daemon process:
 every time finite and not negative, every float finite, every enum value defined, every
-count within its bound, every string within its length limit, reserved names refused;
-each as INVALID_ARGUMENT naming the field, and nothing of a refused request is kept."""
+count within its bound, every string within its length limit, reserved names refused,
+undecodable bytes refused; each as INVALID_ARGUMENT naming the field (or the method),
+and nothing of a refused request is kept."""
 
 from __future__ import annotations
 
@@ -145,6 +146,26 @@ def test_item8_every_float_of_every_request_is_finite(channel: grpc.Channel) -> 
     details = refusal(lambda: retention.SetDirectives(retention_pb2.SetDirectivesRequest(
         target=retention_pb2.RetentionTarget(job_id="j"), config=config, scope="s"), timeout=5))
     assert details.startswith("config.decode_duration_s: must be a "), details
+
+
+@pytest.mark.parametrize("method", [
+    "/kvtether.v1.EngineSession/Step", "/kvtether.v1.EngineSession/Session",
+    "/kvtether.v1.Retention/SetDirectives", "/kvtether.v1.Retention/AnnounceToolCall",
+    "/kvtether.v1.Inspect/GetJob", "/kvtether.v1.Inspect/WatchDecisions",
+])
+def test_item8_undecodable_request_bytes_are_invalid_argument(channel: grpc.Channel,
+                                                              method: str) -> None:
+    garbage = b"\xff\xff\xff\xff"  # a field number 0 with a truncated varint: no message
+    if method.endswith("/Session"):
+        call = channel.stream_stream(method)
+        details = refusal(lambda: list(call(iter([garbage]), timeout=5)))
+    elif method.endswith("/WatchDecisions"):
+        watch = channel.unary_stream(method)
+        details = refusal(lambda: list(watch(garbage, timeout=5)))
+    else:
+        unary = channel.unary_unary(method)
+        details = refusal(lambda: unary(garbage, timeout=5))
+    assert details.startswith(f"{method}: the request does not decode"), details
 
 
 def test_item4_long_engine_id_is_refused_and_creates_no_metric_series(

@@ -141,14 +141,8 @@ def test_garbage_bytes_are_refused_cleanly(channel: grpc.Channel) -> None:
     for _ in range(50):
         payload = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
         code, details = code_of(lambda payload=payload: raw(payload, timeout=5))
-        try:
-            pb.StepReport.FromString(payload)
-        except Exception:
-            # Not a StepReport at all: gRPC's own deserializer refuses it before any
-            # of our code runs (grpc.aio reports that as UNKNOWN or INTERNAL).
-            assert code in {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}, details
-        else:
-            assert code in ALLOWED, (code, details)
+        # Not a StepReport at all, or one the edge refuses: INVALID_ARGUMENT either way.
+        assert code in ALLOWED, (code, details)
 
 
 def test_oversized_message_is_refused(channel: grpc.Channel) -> None:
