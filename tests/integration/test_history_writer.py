@@ -116,7 +116,10 @@ def test_item1_infinite_finish_then_arrival_keeps_history_written() -> None:
         assert two_turns(stub, "engine-later", "job-later") == [grpc.StatusCode.OK] * 3
         assert len(turns_of(channel, "job-later", expected=2)) == 2
         assert serving(channel)
+        # The finish at +inf was refused by name; the arrival then asked for a resync.
         assert codes[1] == grpc.StatusCode.INVALID_ARGUMENT
+        assert metric(daemon.metrics_port, "kvtether_invalid_reports_total",
+                      field="events") == 1
 
 
 def _view(request_id: str, job_id: str, arrival_s: float) -> RequestView:
