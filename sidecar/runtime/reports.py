@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import math
 
-from sidecar.api.bounds import FieldError, check_text, check_time, check_tool
+from sidecar.api.bounds import (
+    RESERVED_TOOL_NAMES,
+    FieldError,
+    check_text,
+    check_time,
+    check_tool,
+)
 from sidecar.api.messages import check_message
 from sidecar.api.v1 import engine_session_pb2 as pb
 
@@ -25,7 +31,7 @@ MAX_ITEMS_PER_REPORT = 65_536
 MAX_STEP_S = 3600.0
 # A request's own retention directives are the resolver's to judge: it ignores an
 # invalid one, so that one client's directive never refuses its engine's report.
-_JUDGED_ELSEWHERE = ("new_requests.retention",)
+_JUDGED_ELSEWHERE = frozenset({"new_requests.retention"})
 
 
 def _is_time(value: float) -> bool:
@@ -35,13 +41,13 @@ def _is_time(value: float) -> bool:
 
 def validate_report(report: pb.StepReport) -> None:
     """Raise :data:`InvalidReport` naming the first field that breaks a rule."""
-    lists = {"new_requests": len(report.new_requests), "events": len(report.events),
-             "pins": len(report.pins), "released_pins": len(report.released_pins)}
-    if sum(lists.values()) > MAX_ITEMS_PER_REPORT:
-        largest = max(lists, key=lambda name: lists[name])
-        raise InvalidReport(largest, f"{sum(lists.values())} items in one report "
-                                     f"({', '.join(lists)} together) exceed "
-                                     f"{MAX_ITEMS_PER_REPORT}")
+    items = (len(report.new_requests) + len(report.events) + len(report.pins)
+             + len(report.released_pins))
+    if items > MAX_ITEMS_PER_REPORT:
+        lists = ("new_requests", "events", "pins", "released_pins")
+        largest = max(lists, key=lambda name: len(getattr(report, name)))
+        raise InvalidReport(largest, f"{items} items in one report ({', '.join(lists)} "
+                                     f"together) exceed {MAX_ITEMS_PER_REPORT}")
     check_message(report, skip=_JUDGED_ELSEWHERE)
     check_text("engine_id", report.engine_id, required=True)
     if report.seq == 0:
@@ -52,7 +58,7 @@ def validate_report(report: pb.StepReport) -> None:
         raise InvalidReport("kv.free_blocks",
                             f"{kv.free_blocks} exceed kv.total_blocks {kv.total_blocks}")
     # Without capacity in this report, a request's blocks are not checked against it.
-    total_blocks = kv.total_blocks if report.HasField("kv") else None
+    total_blocks = kv.total_blocks if report.HasField("kv") else math.inf
     seen: set[str] = set()
     for index, new in enumerate(report.new_requests):
         if not new.request_id:
@@ -63,7 +69,7 @@ def validate_report(report: pb.StepReport) -> None:
         seen.add(new.request_id)
         if not _is_time(new.arrival_s):
             check_time(f"new_requests[{index}].arrival_s", new.arrival_s)
-        if new.tool_hint:
+        if new.tool_hint in RESERVED_TOOL_NAMES:  # its length: checked above
             check_tool(f"new_requests[{index}].tool_hint", new.tool_hint)
     for index, event in enumerate(report.events):
         if not event.request_id:
@@ -72,9 +78,10 @@ def validate_report(report: pb.StepReport) -> None:
             raise InvalidReport(f"events[{index}].kind", "must be set")
         if not _is_time(event.at_s):
             check_time(f"events[{index}].at_s", event.at_s)
-        if event.tool:
+        if event.tool in RESERVED_TOOL_NAMES:
             check_tool(f"events[{index}].tool", event.tool)
-        _check_blocks(f"events[{index}].blocks", event.blocks, total_blocks)
+        if event.blocks > total_blocks:
+            _refuse_blocks(f"events[{index}].blocks", event.blocks, total_blocks)
     for index, pin in enumerate(report.pins):
         if not pin.request_id:
             raise InvalidReport(f"pins[{index}].request_id", "must not be empty")
@@ -82,9 +89,10 @@ def validate_report(report: pb.StepReport) -> None:
             check_time(f"pins[{index}].pinned_at_s", pin.pinned_at_s)
         if not _is_time(pin.expires_at_s):
             check_time(f"pins[{index}].expires_at_s", pin.expires_at_s)
-        if pin.tool:
+        if pin.tool in RESERVED_TOOL_NAMES:
             check_tool(f"pins[{index}].tool", pin.tool)
-        _check_blocks(f"pins[{index}].blocks", pin.blocks, total_blocks)
+        if pin.blocks > total_blocks:
+            _refuse_blocks(f"pins[{index}].blocks", pin.blocks, total_blocks)
     work = report.work
     check_time("work.busy_s", work.busy_s)
     if work.busy_s > max(work.steps, 1) * MAX_STEP_S:
@@ -92,6 +100,5 @@ def validate_report(report: pb.StepReport) -> None:
                                            f"{MAX_STEP_S:g} s a step")
 
 
-def _check_blocks(field: str, blocks: int, total_blocks: int | None) -> None:
-    if total_blocks is not None and blocks > total_blocks:
-        raise InvalidReport(field, f"{blocks} exceed kv.total_blocks {total_blocks}")
+def _refuse_blocks(field: str, blocks: int, total_blocks: float) -> None:
+    raise InvalidReport(field, f"{blocks} exceed kv.total_blocks {total_blocks}")

@@ -5,6 +5,9 @@ service runs, and ends the call with ``UNKNOWN`` when that raises: a caller cann
 its own malformed message from a fault of the daemon. This interceptor wraps every
 handler's deserializer so that a ``DecodeError`` becomes a marker the handler's
 wrapper refuses, naming the method, for unary and streaming requests alike.
+
+Contract: every handler is a grpc.aio one (a coroutine, or an async generator of
+responses), as the daemon's services, health and reflection are.
 """
 
 from __future__ import annotations
