@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -29,21 +28,15 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
 from sidecar.runtime.decider import Decider
 from sidecar.runtime.mirror import EngineMirror, LiveRequest
+
+# Re-exported: callers know the report's error and limit from here.
+from sidecar.runtime.reports import MAX_ITEMS_PER_REPORT as MAX_ITEMS_PER_REPORT
+from sidecar.runtime.reports import InvalidReport as InvalidReport
+from sidecar.runtime.reports import validate_report
 from sidecar.runtime.steptime import EngineStepCosts, StepWork
 from sidecar.telemetry import metrics
 
 log = structlog.get_logger("kvtether.engines")
-
-# Far more than any engine holds; a larger report is malformed, not big.
-MAX_ITEMS_PER_REPORT = 65_536
-
-
-class InvalidReport(ValueError):
-    """A malformed report; ``field`` names the offending field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
 
 
 class EngineStream:
@@ -73,41 +66,6 @@ class SessionReplaced(SessionConflict):
 class EngineOwned(SessionConflict):
     def __init__(self, engine_id: str) -> None:
         super().__init__(engine_id, "has a live Session; a unary Step may not change it")
-
-
-def validate_report(report: pb.StepReport) -> None:
-    if not report.engine_id:
-        raise InvalidReport("engine_id", "must not be empty")
-    if report.seq == 0:
-        raise InvalidReport("seq", "must start at 1")
-    if report.now_s < 0 or report.now_s != report.now_s:
-        raise InvalidReport("now_s", "must be a non-negative number")
-    items = len(report.new_requests) + len(report.events) + len(report.pins)
-    if items > MAX_ITEMS_PER_REPORT:
-        raise InvalidReport("new_requests", f"{items} items exceed {MAX_ITEMS_PER_REPORT}")
-    if report.kv.free_blocks > report.kv.total_blocks:
-        raise InvalidReport("kv.free_blocks", "exceeds kv.total_blocks")
-    seen: set[str] = set()
-    for index, new in enumerate(report.new_requests):
-        if not new.request_id:
-            raise InvalidReport(f"new_requests[{index}].request_id", "must not be empty")
-        if new.request_id in seen:
-            raise InvalidReport(f"new_requests[{index}].request_id",
-                                f"duplicate id {new.request_id!r}")
-        seen.add(new.request_id)
-        if new.arrival_s < 0 or new.arrival_s != new.arrival_s:
-            raise InvalidReport(f"new_requests[{index}].arrival_s", "must be a non-negative number")
-    for index, event in enumerate(report.events):
-        if not event.request_id:
-            raise InvalidReport(f"events[{index}].request_id", "must not be empty")
-        if event.kind == pb.EVENT_KIND_UNSPECIFIED:
-            raise InvalidReport(f"events[{index}].kind", "must be set")
-    for index, pin in enumerate(report.pins):
-        if not pin.request_id:
-            raise InvalidReport(f"pins[{index}].request_id", "must not be empty")
-    busy_s = report.work.busy_s
-    if busy_s < 0 or not math.isfinite(busy_s):
-        raise InvalidReport("work.busy_s", "must be a non-negative number")
 
 
 def _count_contents(report: pb.StepReport) -> None:

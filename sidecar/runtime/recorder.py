@@ -5,11 +5,18 @@ and queues the store writes — history events, tool-time samples — for a back
 task, so a slow or failing store never delays a decision. The queue is bounded: when
 the store is down for long, the oldest pending writes are dropped and counted
 (``kvtether_store_writes_dropped_total``), and the daemon keeps deciding.
+
+A write that fails for any other reason (a record the writer cannot apply) is logged
+with its error (``recorder_write_dropped``), counted
+(``kvtether_recorder_write_errors_total``) and dropped: one record never stops the
+writes after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -31,6 +38,7 @@ class Recorder:
     # Pending store writes kept while the store is slow or down.
     MAX_PENDING_WRITES = 100_000
     RETRY_BACKOFF_S = (0.05, 0.2, 1.0)
+    ERROR_LOG_INTERVAL_S = 10.0
 
     def __init__(
         self,
@@ -48,6 +56,9 @@ class Recorder:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # Writes dropped (failed other than in the store) since the last log line.
+        self._errors_unlogged = 0
+        self._error_logged_at_s = -math.inf
 
     # --- called on the decision path (synchronous, no I/O) ------------------------
     def on_arrival(self, request: RequestView) -> None:
@@ -96,8 +107,9 @@ class Recorder:
 
     # --- background ---------------------------------------------------------------
     async def run(self) -> None:
-        """Apply queued writes in order; a failing write is retried (with backoff) until
-        the store answers, so nothing queued is lost unless the queue overflows."""
+        """Apply queued writes in order; a write the store failed is retried (with
+        backoff) until the store answers, so nothing queued is lost unless the queue
+        overflows; a write that failed otherwise is dropped. Returns only if cancelled."""
         failures = 0
         while True:
             if not self._pending:
@@ -118,9 +130,22 @@ class Recorder:
                 backoff_s = self.RETRY_BACKOFF_S[min(failures, len(self.RETRY_BACKOFF_S)) - 1]
                 await asyncio.sleep(backoff_s)
                 continue
-            if failures:
-                log.info("store_writes_resumed", after_failures=failures)
-                failures = 0
+            except Exception as error:  # the record, not the store: retrying cannot help
+                metrics.RECORDER_WRITE_ERRORS.inc()
+                self._errors_unlogged += 1
+                # Each is counted; a run of them (a bug every record hits) is logged at
+                # most once per interval, with how many were dropped since the last line.
+                now_s = time.monotonic()
+                if now_s - self._error_logged_at_s >= self.ERROR_LOG_INTERVAL_S:
+                    log.error("recorder_write_dropped",
+                              error=f"{type(error).__name__}: {error}",
+                              dropped=self._errors_unlogged, exc_info=error)
+                    self._errors_unlogged = 0
+                    self._error_logged_at_s = now_s
+            else:
+                if failures:
+                    log.info("store_writes_resumed", after_failures=failures)
+                    failures = 0
             # The queue may have dropped its head while the write ran (overflow).
             if self._pending and self._pending[0] is write:
                 self._pending.popleft()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -39,10 +41,12 @@ from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.decider import Decider, DecisionLog
 from sidecar.runtime.engines import EngineRegistry
 from sidecar.runtime.recorder import Recorder
+from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.inspect import InspectService
 from sidecar.server.limits import RateLimitInterceptor
 from sidecar.server.retention import RetentionService
+from sidecar.server.supervise import supervise
 from sidecar.server.transport import bind_tcp, server_credentials
 from sidecar.store import Store, open_store
 from sidecar.telemetry import metrics
@@ -120,7 +124,8 @@ class Daemon:
         limiter = RateLimitInterceptor(
             f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
             config.limits.retention_burst, authenticator)
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[limiter])
+        server = grpc.aio.server(options=SERVER_OPTIONS,
+                                 interceptors=[DecodeErrorInterceptor(), limiter])
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
             EngineSessionService(engines, authenticator), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
@@ -134,7 +139,8 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(options=SERVER_OPTIONS)
+            inspect_server = grpc.aio.server(options=SERVER_OPTIONS,
+                                             interceptors=[DecodeErrorInterceptor()])
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])
         else:
@@ -161,14 +167,12 @@ class Daemon:
             await self.inspect_server.start()
         if self.config.listen.unix_socket:
             os.chmod(self.config.listen.unix_socket, int(self.config.listen.unix_socket_mode, 8))
-        self._tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
-        self._tasks.append(asyncio.create_task(self._forget_departed_engines(),
-                                               name="forget-engines"))
+        self._start_task("recorder", self.recorder.run)
+        self._start_task("forget-engines", self._forget_departed_engines)
         # Decisions run on this thread: export how long it waits for a CPU, and say so
         # in the log when that is long.
         if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
-            self._tasks.append(asyncio.create_task(
-                CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run(), name="cpu-wait"))
+            self._start_task("cpu-wait", CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run)
         if self.config.metrics.port >= 0:
             http_server, _thread = start_http_server(
                 self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
@@ -194,6 +198,13 @@ class Daemon:
                                "without a scope is refused, and engines report without a "
                                "token: configure auth.tokens or auth.tokens_file, and "
                                "auth.engine_scopes")
+
+    def _start_task(self, name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        # Supervised: a task that ends before stop is logged, counted and restarted.
+        # Health stays SERVING meanwhile: decisions do not depend on these tasks, and
+        # an engine told NOT_SERVING would stop scheduling by them.
+        self._tasks.append(asyncio.create_task(supervise(name, start),
+                                               name=f"supervise-{name}"))
 
     async def _forget_departed_engines(self) -> None:
         """Checks a few times per ``engine_forget_after_s``: an engine is forgotten

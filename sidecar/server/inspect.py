@@ -20,6 +20,7 @@ from sidecar.jobs.history import read_job_history
 from sidecar.policies.registry import policy_parameters
 from sidecar.runtime.decider import DecisionLog
 from sidecar.runtime.engines import EngineRegistry
+from sidecar.server.checks import check_request
 from sidecar.store import Store, StoreError, keys
 
 DEFAULT_LIST_LIMIT = 100
@@ -102,6 +103,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def GetPolicy(
         self, request: pb.GetPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetPolicyResponse:
+        await check_request(request, context)
         parameters = {
             name: value if isinstance(value, str) else json.dumps(value, default=str)
             for name, value in policy_parameters(self._policy).items()
@@ -132,6 +134,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListJobsResponse:
+        await check_request(request, context)
         limit = request.limit or DEFAULT_LIST_LIMIT
         engines = self._job_engines()
         jobs = []
@@ -144,6 +147,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def GetJob(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetJobResponse:
+        await check_request(request, context)
         if not request.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: must not be empty")
         try:
@@ -175,12 +179,14 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def ListPins(
         self, request: pb.ListPinsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPinsResponse:
+        await check_request(request, context)
         pins = self._pins(request.engine_id)
         return pb.ListPinsResponse(pins=pins, pinned_blocks=sum(p.blocks for p in pins))
 
     async def GetToolStats(
         self, request: pb.GetToolStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetToolStatsResponse:
+        await check_request(request, context)
         try:
             if request.tool:
                 tools = [request.tool]
@@ -209,6 +215,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def Explain(
         self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExplainResponse:
+        await check_request(request, context)
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "request_id: must not be empty")
@@ -220,6 +227,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
     async def WatchDecisions(
         self, request: pb.WatchDecisionsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.DecisionRecord]:
+        await check_request(request, context)
         watcher = _Watcher(request.engine_id, request.job_id)
         self._decisions.watchers.add(watcher)
         try:

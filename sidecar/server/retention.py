@@ -24,7 +24,7 @@ import time
 import grpc
 import structlog
 
-from sidecar.api.bounds import FieldError, check_tool
+from sidecar.api.bounds import FieldError, check_text, check_time, check_tool
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
 from sidecar.jobs import JobTracker
@@ -39,6 +39,7 @@ from sidecar.retention.directives import (
 )
 from sidecar.retention.directory import RetentionDirectory, target_of
 from sidecar.retention.ownership import ANONYMOUS
+from sidecar.server.checks import check_request
 from sidecar.store import Store, StoreError, keys
 
 log = structlog.get_logger("kvtether.retention")
@@ -82,6 +83,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         self, request: pb.SetDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetDirectivesResponse:
         scope = await self._caller(request.scope, context)
+        await check_request(request, context)
         try:
             target = target_of(request.target)
             validate(request.config)
@@ -102,6 +104,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
     async def GetDirectives(
         self, request: pb.GetDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetDirectivesResponse:
+        await check_request(request, context)
         try:
             raw = await self._store.get(keys.retention_directive(target_of(request.target)))
         except DirectiveError as error:
@@ -119,6 +122,7 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         self, request: pb.ClearDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClearDirectivesResponse:
         scope = await self._caller(request.scope, context)
+        await check_request(request, context)
         try:
             target = target_of(request.target)
             key = keys.retention_directive(target)
@@ -151,17 +155,15 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         self, request: pb.AnnounceToolCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.AnnounceToolCallResponse:
         await self._caller("", context, claims_scope=False)
-        if not request.job_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id: must not be empty")
-        if not request.tool:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool: must not be empty")
+        await check_request(request, context)
         try:
+            check_text("job_id", request.job_id, required=True)
+            if not request.tool:
+                raise FieldError("tool", "must not be empty")
             check_tool("tool", request.tool)
+            check_time("expected_duration_s", request.expected_duration_s)
         except FieldError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        if request.expected_duration_s < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "expected_duration_s: must not be negative")
         # A job the daemon does not track (unknown, or already forgotten) is left
         # alone: keeping announcements of any job id would be memory any caller takes.
         if self._tracker is not None:

@@ -190,6 +190,20 @@ STORE_WRITES_DROPPED = Counter(
     "Queued store writes dropped because the store stayed down too long.",
     registry=REGISTRY,
 )
+RECORDER_WRITE_ERRORS = Counter(
+    "kvtether_recorder_write_errors_total",
+    "Queued history or tool-time writes dropped because applying them failed other than "
+    "in the store (each is logged as recorder_write_dropped).",
+    registry=REGISTRY,
+)
+# A background task of the daemon (the store writer, the engine sweeper) that ended
+# other than at stop and was started again; each is logged as background_task_failed.
+BACKGROUND_TASK_RESTARTS = Counter(
+    "kvtether_background_task_restarts_total",
+    "Background tasks restarted after they ended unexpectedly, by task.",
+    ["task"],
+    registry=REGISTRY,
+)
 # The event-loop thread's wait for a CPU (kvtether_event_loop_cpu_wait_seconds_total),
 # read at scrape time; the daemon names its thread when it starts serving.
 EVENT_LOOP_CPU_WAIT = ThreadCpuWait()
