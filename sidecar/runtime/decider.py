@@ -26,6 +26,7 @@ from sidecar.framework import (
     StepView,
 )
 from sidecar.retention.resolve import RetentionResolver
+from sidecar.runtime.decision_feed import DecisionFeed
 from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
 from sidecar.runtime.recorder import Recorder
@@ -79,24 +80,21 @@ class Decision:
 
 
 class DecisionLog:
-    """The last decision per request (for Explain) and a fan-out to live watchers."""
+    """The last decision per request (for Explain) and the feed live watchers read."""
 
     # Each decision is a few values and its inputs (~1-2 KB as a record once read):
     # 10,000 is ~10-20 MiB.
     def __init__(self, max_requests: int = 10_000) -> None:
         self._by_request: OrderedDict[str, Decision] = OrderedDict()
         self._max_requests = max_requests
-        self.watchers: set[object] = set()
+        self.feed = DecisionFeed()
 
     def add(self, decision: Decision) -> None:
         self._by_request[decision.request_id] = decision
         self._by_request.move_to_end(decision.request_id)
         while len(self._by_request) > self._max_requests:
             self._by_request.popitem(last=False)
-        if self.watchers:
-            record = decision.record()
-            for watcher in list(self.watchers):
-                watcher.offer(record)  # type: ignore[attr-defined]
+        self.feed.publish(decision)
 
     def last(self, request_id: str) -> inspect_pb2.DecisionRecord | None:
         decision = self._by_request.get(request_id)
