@@ -2,12 +2,14 @@
 
 Publishing a decision costs the same whatever the number of watchers: the decision
 joins one ring of the latest ``capacity`` decisions, and a watcher waiting for news is
-woken by one shared future (once per burst of decisions, not once per decision and
-watcher). Each watcher reads the ring from its own cursor, filters and sends at its own
-pace; the ring is its bounded queue. A watcher more than ``capacity`` decisions behind
-has lost decisions and is dropped: :meth:`Watch.next_batch` raises :class:`FellBehind`
-and :attr:`Watch.dropped` is set, also for a watcher stuck in a send that never ends
-(a peer that does not read), which a check every ``capacity`` decisions finds.
+woken by one shared future. A woken watcher then lets decisions gather for
+``batch_interval_s`` before it reads, so each costs the event loop a few wake-ups a
+second, not one per engine report. Each watcher reads the ring from its own cursor,
+filters and sends at its own pace; the ring is its bounded queue. A watcher more
+than ``capacity`` decisions behind has lost decisions and is dropped:
+:meth:`Watch.next_batch` raises :class:`FellBehind` and :attr:`Watch.dropped` is set,
+also for a watcher stuck in a send that never ends (a peer that does not read),
+which a check every ``capacity`` decisions finds.
 
 Contract: one event loop; :meth:`DecisionFeed.publish` never waits and never fails.
 """
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from sidecar.runtime.decider import Decision
 
 DEFAULT_FEED_CAPACITY = 1024
+# Watchers see decisions this much later at most, and the ring must hold what
+# engines decide in that time.
+DEFAULT_BATCH_INTERVAL_S = 0.05
 
 
 class FellBehind(Exception):
@@ -63,6 +68,8 @@ class Watch:
             # Shielded: a watcher cancelled while it waits must not cancel the
             # future every other waiting watcher shares.
             await asyncio.shield(feed.news())
+            if feed.batch_interval_s:
+                await asyncio.sleep(feed.batch_interval_s)
 
     def _wants(self, decision: Decision) -> bool:
         return ((not self.engine_id or decision.engine_id == self.engine_id)
@@ -70,10 +77,12 @@ class Watch:
 
 
 class DecisionFeed:
-    def __init__(self, capacity: int = DEFAULT_FEED_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_FEED_CAPACITY,
+                 batch_interval_s: float = DEFAULT_BATCH_INTERVAL_S) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
         self.capacity = capacity
+        self.batch_interval_s = batch_interval_s
         self.ring: deque[Decision] = deque(maxlen=capacity)
         # Decisions published while someone watched; the ring holds the latest.
         self.published = 0

@@ -19,8 +19,8 @@ from sidecar.api.bounds import FieldError
 DEFAULT_PAGE_LIMIT = 100
 MAX_PAGE_LIMIT = 1000
 # Items an Inspect call handles between two turns of the event loop, so that a step
-# report waits for at most one chunk (about a millisecond of work) behind a listing.
-CHUNK_ITEMS = 500
+# report waits for at most one chunk (well under a millisecond of work) behind a listing.
+CHUNK_ITEMS = 100
 
 Item = TypeVar("Item")
 

@@ -36,12 +36,12 @@ def test_each_watcher_reads_what_its_filter_wants_in_order() -> None:
 
 def test_a_waiting_watcher_is_woken_by_the_next_decision() -> None:
     async def run() -> list[str]:
-        feed = DecisionFeed()
+        feed = DecisionFeed(batch_interval_s=0.01)
         watch = feed.watch(engine_id="e1")
         waiting = asyncio.create_task(watch.next_batch())
         await asyncio.sleep(0)
         feed.publish(_decision(0, engine_id="e0"))  # not for this watcher: it waits on
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
         assert not waiting.done()
         feed.publish(_decision(1, engine_id="e1"))
         return [d.request_id for d in await asyncio.wait_for(waiting, 5)]
