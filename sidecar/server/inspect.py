@@ -16,6 +16,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -33,7 +34,13 @@ from sidecar.runtime.decider import DecisionLog
 from sidecar.runtime.decision_feed import FellBehind, Watch
 from sidecar.runtime.engines import EngineRegistry
 from sidecar.server.limits import TokenBucket
-from sidecar.server.paging import decode_token, encode_token, in_chunks, page_limit
+from sidecar.server.paging import (
+    SCAN_CHUNK_ITEMS,
+    decode_token,
+    encode_token,
+    in_chunks,
+    page_limit,
+)
 from sidecar.store import Store, StoreError, keys
 from sidecar.telemetry import metrics
 
@@ -54,9 +61,7 @@ class _Holdings:
 
     engine_of: dict[str, str] = field(default_factory=dict)
     pins_of: dict[str, list[tuple[str, PinView]]] = field(default_factory=dict)
-
-    def pinned_blocks(self, job_id: str) -> int:
-        return sum(pin.blocks for _engine_id, pin in self.pins_of.get(job_id, ()))
+    pinned_blocks: dict[str, int] = field(default_factory=dict)
 
 
 class InspectService(inspect_pb2_grpc.InspectServicer):
@@ -85,35 +90,41 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
 
     async def _holdings(self, job_ids: set[str]) -> _Holdings:
         """The engine and pins of each of ``job_ids``: one pass over every engine's
-        requests and pins, a chunk at a time (the mirrors are copied first, as engine
-        reports change them between chunks)."""
+        requests and pins (each mirror copied before it is read, as engine reports
+        change them while the loop is given a turn between mirrors)."""
         holdings = _Holdings()
+        engine_of, pins_of, blocks = holdings.engine_of, holdings.pins_of, holdings.pinned_blocks
+        scanned = 0
         for mirror in list(self._engines.mirrors.values()):
             engine_id = mirror.engine_id
-            async for requests in in_chunks(list(mirror.requests.values())):
-                for request in requests:
-                    if request.job_id in job_ids:
-                        holdings.engine_of[request.job_id] = engine_id
-            async for pins in in_chunks(list(mirror.pins.values())):
-                for pin in pins:
-                    if pin.job_id in job_ids:
-                        holdings.engine_of[pin.job_id] = engine_id
-                        holdings.pins_of.setdefault(pin.job_id, []).append((engine_id, pin))
+            requests = list(mirror.requests.values())
+            pins = list(mirror.pins.values())
+            engine_of.update((r.job_id, engine_id) for r in requests if r.job_id in job_ids)
+            for pin in [pin for pin in pins if pin.job_id in job_ids]:
+                engine_of[pin.job_id] = engine_id
+                pins_of.setdefault(pin.job_id, []).append((engine_id, pin))
+                blocks[pin.job_id] = blocks.get(pin.job_id, 0) + pin.blocks
+            scanned += len(requests) + len(pins)
+            if scanned >= SCAN_CHUNK_ITEMS:
+                scanned = 0
+                await asyncio.sleep(0)
         return holdings
 
-    def _summary(self, job_id: str, holdings: _Holdings) -> pb.JobSummary | None:
+    def _summary(self, job_id: str, holdings: _Holdings) -> dict[str, Any] | None:
+        """A ``JobSummary``'s fields (added to a response in place, not copied into
+        it); None for a job the tracker does not know (any more)."""
         view = self._tracker.view(job_id)
         if view is None:
             return None
-        return pb.JobSummary(
-            job_id=job_id,
-            first_arrival_s=view.first_arrival_s,
-            turns_finished=view.turns_finished,
-            requests_in_flight=view.requests_in_flight,
-            last_tool=view.last_tool or "",
-            pinned_blocks=holdings.pinned_blocks(job_id),
-            engine_id=holdings.engine_of.get(job_id, ""),
-        )
+        return {
+            "job_id": job_id,
+            "first_arrival_s": view.first_arrival_s,
+            "turns_finished": view.turns_finished,
+            "requests_in_flight": view.requests_in_flight,
+            "last_tool": view.last_tool or "",
+            "pinned_blocks": holdings.pinned_blocks.get(job_id, 0),
+            "engine_id": holdings.engine_of.get(job_id, ""),
+        }
 
     async def GetPolicy(
         self, request: pb.GetPolicyRequest, context: grpc.aio.ServicerContext
@@ -163,7 +174,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
             for job_id, _active in chunk:
                 summary = self._summary(job_id, holdings)
                 if summary is not None:  # forgotten since the page was read
-                    response.jobs.append(summary)
+                    response.jobs.add(**summary)
         if len(found) > limit:
             response.next_page_token = encode_token(page[-1][1])
         return response
@@ -192,7 +203,7 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
                 turn.tool = event.tool or ""
         return pb.GetJobResponse(
             found=True,
-            summary=summary or pb.JobSummary(job_id=request.job_id),
+            summary=pb.JobSummary(**(summary or {"job_id": request.job_id})),
             turns=list(turns.values()),
             pins=[_pin_record(engine_id, pin)
                   for engine_id, pin in holdings.pins_of.get(request.job_id, ())],

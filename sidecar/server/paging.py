@@ -19,8 +19,10 @@ from sidecar.api.bounds import FieldError
 DEFAULT_PAGE_LIMIT = 100
 MAX_PAGE_LIMIT = 1000
 # Items an Inspect call handles between two turns of the event loop, so that a step
-# report waits for at most one chunk (well under a millisecond of work) behind a listing.
+# report waits for at most one chunk (well under a millisecond of work) behind a
+# listing: messages built, or entries of the engines' mirrors scanned.
 CHUNK_ITEMS = 100
+SCAN_CHUNK_ITEMS = 2000
 
 Item = TypeVar("Item")
 
