@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 
 from benchmarks.machine import git_rev, machine
 from sidecar.api.v1 import engine_session_pb2 as pb
@@ -170,6 +171,11 @@ def _metric(url: str, name: str) -> float:
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -232,12 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         for client in clients:
             client.start()
         inspection = Inspection(address, args.watchers, args.list_every_s)
+        daemon_cpu_s = {"quiet": 0.0, "inspected": 0.0}
         for label, begin_s, finish_s in phases:
             time.sleep(max(0.0, begin_s - time.monotonic()))
+            cpu_before_s = _cpu_s(daemon.pid)
             if label == "inspected":
                 inspection.start()
-                time.sleep(max(0.0, finish_s - time.monotonic()))
+            time.sleep(max(0.0, finish_s - time.monotonic()))
+            if label == "inspected":
                 inspection.stop()
+            daemon_cpu_s[label] += _cpu_s(daemon.pid) - cpu_before_s
         samples: list[tuple[float, float]] = []
         for _ in clients:
             samples.extend(results.get(timeout=120))
@@ -258,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 by_phase[label].append(latency_s)
     total_s = args.phase_s * args.rounds
     table = {label: _summary(values, total_s) for label, values in by_phase.items()}
+    for label, row in table.items():
+        row["daemon_cpu_share"] = daemon_cpu_s[label] / total_s
     quiet, inspected = table["quiet"], table["inspected"]
     print(f"{args.engines} engines, {args.engines * args.pins_per_engine} pins, a report every "
           f"{args.step_interval_s:g} s each; {args.rounds} x {args.phase_s:g} s per phase")
@@ -265,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, label in (("p50_ms", "decision round trip p50, ms"),
                        ("p99_ms", "decision round trip p99, ms"),
                        ("max_ms", "decision round trip max, ms"),
-                       ("reports_per_s", "reports/s")):
-        print(f"{label:<42}{quiet[key]:>12.1f}{inspected[key]:>12.1f}")
+                       ("reports_per_s", "reports/s"),
+                       ("daemon_cpu_share", "daemon CPU, cores")):
+        print(f"{label:<42}{quiet[key]:>12.{3 if key == 'daemon_cpu_share' else 1}f}"
+              f"{inspected[key]:>12.{3 if key == 'daemon_cpu_share' else 1}f}")
     list_s = inspection.list_s
     print(f"ListJobs(limit={LIST_LIMIT}): {len(list_s)} calls, {inspection.jobs_listed} jobs "
           f"a page, p50 {_quantile(list_s, 0.5) * 1e3:.1f} ms, "
