@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tls-key", default="", help="mutual TLS: client key")
     inspect.add_argument("--tls-server-name", default="",
                          help="TLS: name to check the daemon's certificate against")
+    inspect.add_argument("--limit", type=int, default=0,
+                         help="jobs, pins, tools: most rows (default 100, at most 1000)")
+    inspect.add_argument("--page-token", default="",
+                         help="jobs, pins, tools: the page after the one that printed it")
+    inspect.add_argument("--anonymous", action="store_true",
+                         help="jobs: also list requests sent without a job id")
     inspect.add_argument("what", choices=["policy", "jobs", "job", "pins", "tools", "explain",
                                           "watch"])
     inspect.add_argument("id", nargs="?", help="job id (job) or request id (explain)")

@@ -110,6 +110,11 @@ class LimitsConfig(_Section):
     # with this burst; beyond: RESOURCE_EXHAUSTED.
     retention_calls_per_s: float = Field(50.0, gt=0)
     retention_burst: int = Field(100, ge=1)
+    # Inspect/WatchDecisions streams open at once; beyond: RESOURCE_EXHAUSTED.
+    max_watchers: int = Field(64, ge=1)
+    # Decision records sent a second to all watchers together: each send costs the
+    # event loop that answers engines. A watcher that falls behind is dropped.
+    watch_records_per_s: float = Field(2000.0, gt=0)
 
 
 class MetricsConfig(_Section):

@@ -35,6 +35,11 @@ def _print(message: Message, as_json: bool, text: str) -> None:
         print(text)
 
 
+def _more(next_page_token: str) -> str:
+    """The line that tells how to print the next page; none on the last."""
+    return f"\nmore: --page-token {next_page_token}" if next_page_token else ""
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     if args.tls_ca or args.tls_cert:
         from sidecar.server.transport import channel_credentials
@@ -90,11 +95,13 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
                f"engines: {', '.join(policy.engines) or '-'}\n"
                + _table(("parameter", "value"), rows) + costs)
     elif args.what == "jobs":
-        jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=timeout_s)
+        jobs = stub.ListJobs(pb.ListJobsRequest(limit=args.limit, page_token=args.page_token,
+                                                include_anonymous=args.anonymous),
+                             timeout=timeout_s)
         _print(jobs, args.json, _table(
             ("job", "engine", "turns", "in flight", "last tool", "pinned blocks"),
             [(j.job_id, j.engine_id, j.turns_finished, j.requests_in_flight, j.last_tool,
-              j.pinned_blocks) for j in jobs.jobs]))
+              j.pinned_blocks) for j in jobs.jobs]) + _more(jobs.next_page_token))
     elif args.what == "job":
         job = stub.GetJob(pb.GetJobRequest(job_id=args.id), timeout=timeout_s)
         if not job.found:
@@ -111,16 +118,21 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
                    [(d.kind, d.request_id, d.reason) for d in job.last_decisions]),
         ]))
     elif args.what == "pins":
-        pins = stub.ListPins(pb.ListPinsRequest(), timeout=timeout_s)
+        pins = stub.ListPins(pb.ListPinsRequest(limit=args.limit, page_token=args.page_token),
+                             timeout=timeout_s)
         _print(pins, args.json, _table(
             ("engine", "request", "job", "blocks", "pinned at s", "expires at s", "tool"),
             [(p.engine_id, p.request_id, p.job_id, p.blocks, p.pinned_at_s, p.expires_at_s,
-              p.tool) for p in pins.pins]) + f"\n{pins.pinned_blocks} blocks pinned")
+              p.tool) for p in pins.pins]) + f"\n{pins.pinned_blocks} blocks pinned"
+               + _more(pins.next_page_token))
     elif args.what == "tools":
-        tools = stub.GetToolStats(pb.GetToolStatsRequest(), timeout=timeout_s)
+        tools = stub.GetToolStats(pb.GetToolStatsRequest(limit=args.limit,
+                                                         page_token=args.page_token),
+                                  timeout=timeout_s)
         _print(tools, args.json, _table(
             ("tool", "samples", "mean s", "p50 s", "p90 s", "p99 s"),
-            [(t.tool, t.count, t.mean_s, t.p50_s, t.p90_s, t.p99_s) for t in tools.tools]))
+            [(t.tool, t.count, t.mean_s, t.p50_s, t.p90_s, t.p99_s) for t in tools.tools])
+               + _more(tools.next_page_token))
     elif args.what == "explain":
         answer = stub.Explain(pb.ExplainRequest(request_id=args.id), timeout=timeout_s)
         if not answer.found:

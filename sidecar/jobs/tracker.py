@@ -23,14 +23,24 @@ last step finished goes to the front of the eviction order: no turn should follo
 Requests count as in flight only while an engine reports them: those of an engine
 that left, or that its snapshot no longer lists, are let go (:meth:`on_lost`).
 
+Inspection reads jobs in another order, most recently active first
+(:meth:`JobTracker.recent_jobs`): every arrival or finish numbers the job's activity,
+and two activity orders are kept, one of the jobs named by a job id and one of the
+*anonymous* jobs (a request sent without a job id is a job of its own), so that a run
+of anonymous requests does not hide the agent jobs and a job's place in the eviction
+order does not hide it either.
+
 Contract: not thread-safe; the runtime calls it from one event loop. Times are engine
 seconds, as in ``sidecar.framework.types``.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sidecar.framework.types import JobView
@@ -59,6 +69,8 @@ class MeasuredToolTime:
 
 class _Job:
     __slots__ = (
+        "active_seq",
+        "anonymous",
         "first_arrival_s",
         "in_flight",
         "job_id",
@@ -71,9 +83,12 @@ class _Job:
         "view",
     )
 
-    def __init__(self, job_id: str, first_arrival_s: float) -> None:
+    def __init__(self, job_id: str, first_arrival_s: float, anonymous: bool) -> None:
         self.job_id = job_id
         self.first_arrival_s = first_arrival_s
+        # A request's own job (no job id given); its place in the activity orders.
+        self.anonymous = anonymous
+        self.active_seq = 0
         self.turns_finished = 0
         self.last_departure_s: float | None = None
         self.last_tool: str | None = None
@@ -104,8 +119,12 @@ class JobTracker:
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs!r}")
         self.max_jobs = max_jobs
-        # Least recently active first.
+        # Eviction order: least recently active first, finished jobs before them.
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        # Activity orders, least recently active first, by increasing active_seq.
+        self._named_by_activity: OrderedDict[str, _Job] = OrderedDict()
+        self._anonymous_by_activity: OrderedDict[str, _Job] = OrderedDict()
+        self._activity_seq = 0
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -121,7 +140,7 @@ class JobTracker:
         not measured yet. An arrival earlier than that departure (events reported out
         of order) measures nothing and leaves the tool pending."""
         job_key = effective_job_id(job_id, request_id)
-        job = self._touch(job_key, arrival_s)
+        job = self._touch(job_key, request_id, arrival_s)
         if job.in_flight is not None and request_id in job.in_flight:
             return None  # replayed arrival
         if job.in_flight is None:
@@ -153,7 +172,7 @@ class JobTracker:
         A finish whose arrival was never seen (daemon restarted mid-request) still
         counts: the job starts at its departure."""
         job_key = effective_job_id(job_id, request_id)
-        job = self._touch(job_key, departure_s)
+        job = self._touch(job_key, request_id, departure_s)
         in_flight = job.in_flight is not None and request_id in job.in_flight
         if not in_flight and job.last_finished_request_id == request_id:
             return  # repeated finish
@@ -228,25 +247,55 @@ class JobTracker:
                     result[job_id] = job.snapshot()
         return result
 
-    def recent_job_ids(self, limit: int) -> list[str]:
-        """Up to ``limit`` job ids, most recently active first (for inspection)."""
-        found: list[str] = []
-        for job_id in reversed(self._jobs):
-            if len(found) >= limit:
-                break
-            found.append(job_id)
-        return found
+    def recent_jobs(self, limit: int, *, active_before: int | None = None,
+                    include_anonymous: bool = False) -> list[tuple[str, int]]:
+        """Up to ``limit`` (job id, activity number) pairs, most recently active first,
+        of the jobs last active before activity number ``active_before`` (None: all).
+        Paging by activity number lists each job once, however jobs move meanwhile:
+        a job active again moves ahead of the page already read."""
+        orders = [self._named_by_activity]
+        if include_anonymous:
+            orders.append(self._anonymous_by_activity)
+        newest_first = [self._active_before(order, active_before) for order in orders]
+        merged = newest_first[0] if len(newest_first) == 1 else heapq.merge(
+            *newest_first, key=lambda job: -job.active_seq)
+        return [(job.job_id, job.active_seq) for job in itertools.islice(merged, limit)]
 
-    def _touch(self, job_id: str, first_seen_s: float) -> _Job:
+    @staticmethod
+    def _active_before(order: OrderedDict[str, _Job], active_before: int | None
+                       ) -> Iterator[_Job]:
+        """``order``'s jobs from the newest, from the first active before
+        ``active_before``: the order is by activity number, so a bisection finds it in
+        a copy of the jobs (taken at C speed) rather than a walk past the newer ones."""
+        if active_before is None:
+            return reversed(order.values())
+        jobs = list(order.values())
+        start = bisect.bisect_left(jobs, active_before, key=lambda job: job.active_seq)
+        return reversed(jobs[:start])
+
+    def _touch(self, job_id: str, request_id: str, first_seen_s: float) -> _Job:
+        self._activity_seq += 1
         job = self._jobs.get(job_id)
         if job is not None:
             self._jobs.move_to_end(job_id)
+            job.active_seq = self._activity_seq
+            if job.anonymous and request_id != job_id:  # a job id named it after all
+                job.anonymous = False
+                del self._anonymous_by_activity[job_id]
+                self._named_by_activity[job_id] = job
+            else:
+                self._by_activity(job).move_to_end(job_id)
             return job
         if len(self._jobs) >= self.max_jobs:
             self._evict_idle(len(self._jobs) + 1 - self.max_jobs)
-        job = _Job(job_id, first_seen_s)
+        job = _Job(job_id, first_seen_s, anonymous=request_id == job_id)
+        job.active_seq = self._activity_seq
         self._jobs[job_id] = job
+        self._by_activity(job)[job_id] = job
         return job
+
+    def _by_activity(self, job: _Job) -> OrderedDict[str, _Job]:
+        return self._anonymous_by_activity if job.anonymous else self._named_by_activity
 
     def _evict_idle(self, excess: int) -> None:
         # Scan from the least recently active end. Busy jobs met on the way go to the
@@ -261,4 +310,5 @@ class JobTracker:
                 self._jobs.move_to_end(job_id)
                 continue
             del self._jobs[job_id]
+            del self._by_activity(job)[job_id]
             excess -= 1

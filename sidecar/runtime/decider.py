@@ -26,6 +26,7 @@ from sidecar.framework import (
     StepView,
 )
 from sidecar.retention.resolve import RetentionResolver
+from sidecar.runtime.decision_feed import DecisionFeed
 from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
 from sidecar.runtime.recorder import Recorder
@@ -81,9 +82,9 @@ class Decision:
 
 class DecisionLog:
     """Per request, the latest decision of each kind (for Explain and GetJob: a later
-    pin does not hide the retention the request arrived with), and a fan-out to live
-    watchers. A request is found by the id its engine reported or by the id the API
-    client got back (:mod:`sidecar.runtime.request_ids`)."""
+    pin does not hide the retention the request arrived with), and the feed live
+    watchers read. A request is found by the id its engine reported or by the id the
+    API client got back (:mod:`sidecar.runtime.request_ids`)."""
 
     # A request keeps one decision per kind, a handful at most (priority, retention,
     # pin or release, ...), each a few values and its inputs (~1-2 KB as a record once
@@ -94,7 +95,7 @@ class DecisionLog:
         # the children of a parallel-sampling request); only of requests held above.
         self._by_response_id: dict[str, list[str]] = {}
         self._max_requests = max_requests
-        self.watchers: set[object] = set()
+        self.feed = DecisionFeed()
 
     def add(self, decision: Decision) -> None:
         request_id = decision.request_id
@@ -110,10 +111,7 @@ class DecisionLog:
             self._by_request.move_to_end(request_id)
             held.kinds.pop(decision.kind, None)
         held.kinds[decision.kind] = decision
-        if self.watchers:
-            record = decision.record()
-            for watcher in list(self.watchers):
-                watcher.offer(record)  # type: ignore[attr-defined]
+        self.feed.publish(decision)
 
     def _forget(self, request_id: str, held: _RequestDecisions) -> None:
         for response_id in held.response_ids:

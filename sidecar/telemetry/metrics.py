@@ -215,3 +215,19 @@ INVALID_REPORTS = Counter(
     ["field"],
     registry=REGISTRY,
 )
+
+DECISION_WATCHERS = Gauge(
+    "kvtether_decision_watchers",
+    "WatchDecisions streams open now (at most limits.max_watchers).",
+    registry=REGISTRY,
+)
+DECISION_WATCHERS_DROPPED = Counter(
+    "kvtether_decision_watchers_dropped_total",
+    "WatchDecisions streams ended because the watcher fell too far behind.",
+    registry=REGISTRY,
+)
+DECISION_WATCHERS_REFUSED = Counter(
+    "kvtether_decision_watchers_refused_total",
+    "WatchDecisions streams refused because limits.max_watchers were open.",
+    registry=REGISTRY,
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 from sidecar.api.v1 import inspect_pb2
@@ -15,14 +16,6 @@ def _decision(request_id: str, job_id: str, kind: str = "priority",
     return Decision("engine-0", request_id, job_id, kind, f"{kind} for {request_id}",
                     inputs if inputs is not None else {"priority": 1024}, 12.5, seq,
                     "adaptive")
-
-
-class _Watcher:
-    def __init__(self) -> None:
-        self.records: list[inspect_pb2.DecisionRecord] = []
-
-    def offer(self, record: inspect_pb2.DecisionRecord) -> None:
-        self.records.append(record)
 
 
 def test_explain_reads_the_last_decision_with_its_inputs_as_json() -> None:
@@ -46,16 +39,20 @@ def test_a_job_lists_its_latest_decisions_first_up_to_the_limit() -> None:
 
 
 def test_watchers_get_every_decision_and_the_oldest_requests_are_forgotten() -> None:
-    log = DecisionLog(max_requests=2)
-    watcher = _Watcher()
-    log.add(_decision("r0", "j"))
-    log.watchers.add(watcher)
-    log.add(_decision("r1", "j", "pin", {"tool": "pytest"}))
-    log.add(_decision("r2", "j"))
-    assert [(r.request_id, r.kind) for r in watcher.records] == [("r1", "pin"), ("r2", "priority")]
-    assert watcher.records[0].inputs["tool"] == "pytest"
-    assert log.explain("r0") == []  # beyond max_requests
-    assert log.explain("r1")[-1] is watcher.records[0]  # built once, shared
+    async def watched() -> list[inspect_pb2.DecisionRecord]:
+        log = DecisionLog(max_requests=2)
+        log.add(_decision("r0", "j"))
+        watch = log.feed.watch()
+        log.add(_decision("r1", "j", "pin", {"tool": "pytest"}))
+        log.add(_decision("r2", "j"))
+        records = [decision.record() for decision in await watch.next_batch()]
+        assert log.explain("r0") == []  # beyond max_requests
+        assert log.explain("r1")[-1] is records[0]  # built once, shared
+        return records
+
+    records = asyncio.run(watched())
+    assert [(r.request_id, r.kind) for r in records] == [("r1", "pin"), ("r2", "priority")]
+    assert records[0].inputs["tool"] == "pytest"
 
 
 def test_item9_retention_decision_kept() -> None:

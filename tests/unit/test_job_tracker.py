@@ -238,3 +238,44 @@ def test_an_announced_tool_names_the_jobs_tool_and_its_measured_time() -> None:
     # Nothing is kept for a job the tracker does not know, nor for one mid-turn.
     assert not tracker.on_tool_announced("unknown", "ls")
     assert not tracker.on_tool_announced("agent", "ls") and "unknown" not in tracker
+
+
+def _ids(pairs: list[tuple[str, int]]) -> list[str]:
+    return [job_id for job_id, _active in pairs]
+
+
+def test_item9_listjobs_order_is_activity_not_eviction() -> None:
+    tracker = JobTracker()
+    tracker.on_arrival("agent", "a1", 0.0)
+    tracker.on_finish("agent", "a1", 1.0, None, is_last_step=True)  # forgotten first...
+    tracker.on_arrival("other", "o1", 2.0)
+    for index in range(5):
+        tracker.on_arrival(None, f"anon{index}", 3.0 + index)
+    # ...but listed by when it was last active, after the jobs active since.
+    assert _ids(tracker.recent_jobs(10)) == ["other", "agent"]
+    assert _ids(tracker.recent_jobs(3, include_anonymous=True)) == ["anon4", "anon3", "anon2"]
+    tracker.on_arrival("agent", "a2", 9.0)
+    assert _ids(tracker.recent_jobs(1)) == ["agent"]
+
+
+def test_item9_listjobs_pages_list_each_job_once_while_jobs_move() -> None:
+    tracker = JobTracker()
+    for index in range(6):
+        tracker.on_arrival(f"j{index}", f"r{index}", float(index))
+    first = tracker.recent_jobs(2)
+    assert _ids(first) == ["j5", "j4"]
+    tracker.on_arrival("j1", "r1b", 7.0)  # active again: ahead of the pages already read
+    second = tracker.recent_jobs(2, active_before=first[-1][1])
+    third = tracker.recent_jobs(2, active_before=second[-1][1])
+    assert _ids(second) + _ids(third) == ["j3", "j2", "j0"]
+
+
+def test_item9_listjobs_forgets_evicted_jobs_in_every_order() -> None:
+    tracker = JobTracker(max_jobs=2)
+    for index in range(4):
+        tracker.on_arrival(f"j{index}", f"r{index}", float(index))
+        tracker.on_finish(f"j{index}", f"r{index}", index + 0.5, None)
+        tracker.on_arrival(None, f"anon{index}", index + 0.6)
+        tracker.on_finish(None, f"anon{index}", index + 0.7, None)
+    assert len(tracker) == 2
+    assert _ids(tracker.recent_jobs(10, include_anonymous=True)) == ["anon3", "j3"]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvtether/v1/inspect.proto\x12\x0bkvtether.v1\"\x12\n\x10GetPolicyRequest\"\x84\x02\n\x11GetPolicyResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x42\n\nparameters\x18\x02 \x03(\x0b\x32..kvtether.v1.GetPolicyResponse.ParametersEntry\x12\x15\n\rstore_backend\x18\x03 \x01(\t\x12\x0f\n\x07\x65ngines\x18\x04 \x03(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x31\n\x0c\x65ngine_costs\x18\x06 \x03(\x0b\x32\x1b.kvtether.v1.EngineStepCost\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x02\n\x0e\x45ngineStepCost\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x1b\n\x13prefill_s_per_token\x18\x02 \x01(\x01\x12\x18\n\x10\x64\x65\x63ode_s_per_seq\x18\x03 \x01(\x01\x12\x0e\n\x06step_s\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x1e\n\x16prefill_relative_error\x18\x06 \x01(\x01\x12!\n\x14prefill_tokens_per_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12prefill_time_share\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x17\n\x15_prefill_tokens_per_sB\x15\n\x13_prefill_time_share\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"\xa6\x01\n\nJobSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\x0f\x66irst_arrival_s\x18\x02 \x01(\x01\x12\x16\n\x0eturns_finished\x18\x03 \x01(\r\x12\x1a\n\x12requests_in_flight\x18\x04 \x01(\r\x12\x11\n\tlast_tool\x18\x05 \x01(\t\x12\x15\n\rpinned_blocks\x18\x06 \x01(\r\x12\x11\n\tengine_id\x18\x07 \x01(\t\"9\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.kvtether.v1.JobSummary\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x99\x01\n\nTurnRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tarrival_s\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65parture_s\x18\x03 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x13\n\x0btool_time_s\x18\x07 \x01(\x01\"\x8b\x01\n\tPinRecord\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0e\n\x06\x62locks\x18\x04 \x01(\r\x12\x13\n\x0bpinned_at_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x65xpires_at_s\x18\x06 \x01(\x01\x12\x0c\n\x04tool\x18\x07 \x01(\t\"\xcc\x01\n\x0eGetJobResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12(\n\x07summary\x18\x02 \x01(\x0b\x32\x17.kvtether.v1.JobSummary\x12&\n\x05turns\x18\x03 \x03(\x0b\x32\x17.kvtether.v1.TurnRecord\x12$\n\x04pins\x18\x04 \x03(\x0b\x32\x16.kvtether.v1.PinRecord\x12\x33\n\x0elast_decisions\x18\x05 \x03(\x0b\x32\x1b.kvtether.v1.DecisionRecord\"$\n\x0fListPinsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"O\n\x10ListPinsResponse\x12$\n\x04pins\x18\x01 \x03(\x0b\x32\x16.kvtether.v1.PinRecord\x12\x15\n\rpinned_blocks\x18\x02 \x01(\r\"#\n\x13GetToolStatsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\"\x8f\x01\n\tToolStats\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0e\n\x06mean_s\x18\x03 \x01(\x01\x12\r\n\x05p50_s\x18\x04 \x01(\x01\x12\r\n\x05p90_s\x18\x05 \x01(\x01\x12\r\n\x05p99_s\x18\x06 \x01(\x01\x12\x12\n\nmean_log_s\x18\x07 \x01(\x01\x12\x14\n\x0cstddev_log_s\x18\x08 \x01(\x01\"=\n\x14GetToolStatsResponse\x12%\n\x05tools\x18\x01 \x03(\x0b\x32\x16.kvtether.v1.ToolStats\"$\n\x0e\x45xplainRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xf8\x01\n\x0e\x44\x65\x63isionRecord\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x37\n\x06inputs\x18\x06 \x03(\x0b\x32\'.kvtether.v1.DecisionRecord.InputsEntry\x12\x0c\n\x04\x61t_s\x18\x07 \x01(\x01\x12\x0b\n\x03seq\x18\x08 \x01(\x04\x12\x0e\n\x06policy\x18\t \x01(\t\x1a-\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0f\x45xplainResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12-\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x1b.kvtether.v1.DecisionRecord\x12.\n\tdecisions\x18\x03 \x03(\x0b\x32\x1b.kvtether.v1.DecisionRecord\":\n\x15WatchDecisionsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t2\x9a\x04\n\x07Inspect\x12J\n\tGetPolicy\x12\x1d.kvtether.v1.GetPolicyRequest\x1a\x1e.kvtether.v1.GetPolicyResponse\x12G\n\x08ListJobs\x12\x1c.kvtether.v1.ListJobsRequest\x1a\x1d.kvtether.v1.ListJobsResponse\x12\x41\n\x06GetJob\x12\x1a.kvtether.v1.GetJobRequest\x1a\x1b.kvtether.v1.GetJobResponse\x12G\n\x08ListPins\x12\x1c.kvtether.v1.ListPinsRequest\x1a\x1d.kvtether.v1.ListPinsResponse\x12S\n\x0cGetToolStats\x12 .kvtether.v1.GetToolStatsRequest\x1a!.kvtether.v1.GetToolStatsResponse\x12\x44\n\x07\x45xplain\x12\x1b.kvtether.v1.ExplainRequest\x1a\x1c.kvtether.v1.ExplainResponse\x12S\n\x0eWatchDecisions\x12\".kvtether.v1.WatchDecisionsRequest\x1a\x1b.kvtether.v1.DecisionRecord0\x01\x42<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kvtether/v1/inspect.proto\x12\x0bkvtether.v1\"\x12\n\x10GetPolicyRequest\"\x84\x02\n\x11GetPolicyResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x42\n\nparameters\x18\x02 \x03(\x0b\x32..kvtether.v1.GetPolicyResponse.ParametersEntry\x12\x15\n\rstore_backend\x18\x03 \x01(\t\x12\x0f\n\x07\x65ngines\x18\x04 \x03(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x31\n\x0c\x65ngine_costs\x18\x06 \x03(\x0b\x32\x1b.kvtether.v1.EngineStepCost\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8d\x02\n\x0e\x45ngineStepCost\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x1b\n\x13prefill_s_per_token\x18\x02 \x01(\x01\x12\x18\n\x10\x64\x65\x63ode_s_per_seq\x18\x03 \x01(\x01\x12\x0e\n\x06step_s\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x1e\n\x16prefill_relative_error\x18\x06 \x01(\x01\x12!\n\x14prefill_tokens_per_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x1f\n\x12prefill_time_share\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x17\n\x15_prefill_tokens_per_sB\x15\n\x13_prefill_time_share\"O\n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x19\n\x11include_anonymous\x18\x03 \x01(\x08\"\xa6\x01\n\nJobSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\x0f\x66irst_arrival_s\x18\x02 \x01(\x01\x12\x16\n\x0eturns_finished\x18\x03 \x01(\r\x12\x1a\n\x12requests_in_flight\x18\x04 \x01(\r\x12\x11\n\tlast_tool\x18\x05 \x01(\t\x12\x15\n\rpinned_blocks\x18\x06 \x01(\r\x12\x11\n\tengine_id\x18\x07 \x01(\t\"R\n\x10ListJobsResponse\x12%\n\x04jobs\x18\x01 \x03(\x0b\x32\x17.kvtether.v1.JobSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x99\x01\n\nTurnRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tarrival_s\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65parture_s\x18\x03 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x0c\n\x04tool\x18\x06 \x01(\t\x12\x13\n\x0btool_time_s\x18\x07 \x01(\x01\"\x8b\x01\n\tPinRecord\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0e\n\x06\x62locks\x18\x04 \x01(\r\x12\x13\n\x0bpinned_at_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x65xpires_at_s\x18\x06 \x01(\x01\x12\x0c\n\x04tool\x18\x07 \x01(\t\"\xcc\x01\n\x0eGetJobResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12(\n\x07summary\x18\x02 \x01(\x0b\x32\x17.kvtether.v1.JobSummary\x12&\n\x05turns\x18\x03 \x03(\x0b\x32\x17.kvtether.v1.TurnRecord\x12$\n\x04pins\x18\x04 \x03(\x0b\x32\x16.kvtether.v1.PinRecord\x12\x33\n\x0elast_decisions\x18\x05 \x03(\x0b\x32\x1b.kvtether.v1.DecisionRecord\"G\n\x0fListPinsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"h\n\x10ListPinsResponse\x12$\n\x04pins\x18\x01 \x03(\x0b\x32\x16.kvtether.v1.PinRecord\x12\x15\n\rpinned_blocks\x18\x02 \x01(\r\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"F\n\x13GetToolStatsRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x8f\x01\n\tToolStats\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0e\n\x06mean_s\x18\x03 \x01(\x01\x12\r\n\x05p50_s\x18\x04 \x01(\x01\x12\r\n\x05p90_s\x18\x05 \x01(\x01\x12\r\n\x05p99_s\x18\x06 \x01(\x01\x12\x12\n\nmean_log_s\x18\x07 \x01(\x01\x12\x14\n\x0cstddev_log_s\x18\x08 \x01(\x01\"V\n\x14GetToolStatsResponse\x12%\n\x05tools\x18\x01 \x03(\x0b\x32\x16.kvtether.v1.ToolStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x0e\x45xplainRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xf8\x01\n\x0e\x44\x65\x63isionRecord\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x37\n\x06inputs\x18\x06 \x03(\x0b\x32\'.kvtether.v1.DecisionRecord.InputsEntry\x12\x0c\n\x04\x61t_s\x18\x07 \x01(\x01\x12\x0b\n\x03seq\x18\x08 \x01(\x04\x12\x0e\n\x06policy\x18\t \x01(\t\x1a-\n\x0bInputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0f\x45xplainResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12-\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x1b.kvtether.v1.DecisionRecord\x12.\n\tdecisions\x18\x03 \x03(\x0b\x32\x1b.kvtether.v1.DecisionRecord\":\n\x15WatchDecisionsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t2\x9a\x04\n\x07Inspect\x12J\n\tGetPolicy\x12\x1d.kvtether.v1.GetPolicyRequest\x1a\x1e.kvtether.v1.GetPolicyResponse\x12G\n\x08ListJobs\x12\x1c.kvtether.v1.ListJobsRequest\x1a\x1d.kvtether.v1.ListJobsResponse\x12\x41\n\x06GetJob\x12\x1a.kvtether.v1.GetJobRequest\x1a\x1b.kvtether.v1.GetJobResponse\x12G\n\x08ListPins\x12\x1c.kvtether.v1.ListPinsRequest\x1a\x1d.kvtether.v1.ListPinsResponse\x12S\n\x0cGetToolStats\x12 .kvtether.v1.GetToolStatsRequest\x1a!.kvtether.v1.GetToolStatsResponse\x12\x44\n\x07\x45xplain\x12\x1b.kvtether.v1.ExplainRequest\x1a\x1c.kvtether.v1.ExplainResponse\x12S\n\x0eWatchDecisions\x12\".kvtether.v1.WatchDecisionsRequest\x1a\x1b.kvtether.v1.DecisionRecord0\x01\x42<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,39 +45,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENGINESTEPCOST']._serialized_start=326
   _globals['_ENGINESTEPCOST']._serialized_end=595
   _globals['_LISTJOBSREQUEST']._serialized_start=597
-  _globals['_LISTJOBSREQUEST']._serialized_end=629
-  _globals['_JOBSUMMARY']._serialized_start=632
-  _globals['_JOBSUMMARY']._serialized_end=798
-  _globals['_LISTJOBSRESPONSE']._serialized_start=800
-  _globals['_LISTJOBSRESPONSE']._serialized_end=857
-  _globals['_GETJOBREQUEST']._serialized_start=859
-  _globals['_GETJOBREQUEST']._serialized_end=890
-  _globals['_TURNRECORD']._serialized_start=893
-  _globals['_TURNRECORD']._serialized_end=1046
-  _globals['_PINRECORD']._serialized_start=1049
-  _globals['_PINRECORD']._serialized_end=1188
-  _globals['_GETJOBRESPONSE']._serialized_start=1191
-  _globals['_GETJOBRESPONSE']._serialized_end=1395
-  _globals['_LISTPINSREQUEST']._serialized_start=1397
-  _globals['_LISTPINSREQUEST']._serialized_end=1433
-  _globals['_LISTPINSRESPONSE']._serialized_start=1435
-  _globals['_LISTPINSRESPONSE']._serialized_end=1514
-  _globals['_GETTOOLSTATSREQUEST']._serialized_start=1516
-  _globals['_GETTOOLSTATSREQUEST']._serialized_end=1551
-  _globals['_TOOLSTATS']._serialized_start=1554
-  _globals['_TOOLSTATS']._serialized_end=1697
-  _globals['_GETTOOLSTATSRESPONSE']._serialized_start=1699
-  _globals['_GETTOOLSTATSRESPONSE']._serialized_end=1760
-  _globals['_EXPLAINREQUEST']._serialized_start=1762
-  _globals['_EXPLAINREQUEST']._serialized_end=1798
-  _globals['_DECISIONRECORD']._serialized_start=1801
-  _globals['_DECISIONRECORD']._serialized_end=2049
-  _globals['_DECISIONRECORD_INPUTSENTRY']._serialized_start=2004
-  _globals['_DECISIONRECORD_INPUTSENTRY']._serialized_end=2049
-  _globals['_EXPLAINRESPONSE']._serialized_start=2051
-  _globals['_EXPLAINRESPONSE']._serialized_end=2178
-  _globals['_WATCHDECISIONSREQUEST']._serialized_start=2180
-  _globals['_WATCHDECISIONSREQUEST']._serialized_end=2238
-  _globals['_INSPECT']._serialized_start=2241
-  _globals['_INSPECT']._serialized_end=2779
+  _globals['_LISTJOBSREQUEST']._serialized_end=676
+  _globals['_JOBSUMMARY']._serialized_start=679
+  _globals['_JOBSUMMARY']._serialized_end=845
+  _globals['_LISTJOBSRESPONSE']._serialized_start=847
+  _globals['_LISTJOBSRESPONSE']._serialized_end=929
+  _globals['_GETJOBREQUEST']._serialized_start=931
+  _globals['_GETJOBREQUEST']._serialized_end=962
+  _globals['_TURNRECORD']._serialized_start=965
+  _globals['_TURNRECORD']._serialized_end=1118
+  _globals['_PINRECORD']._serialized_start=1121
+  _globals['_PINRECORD']._serialized_end=1260
+  _globals['_GETJOBRESPONSE']._serialized_start=1263
+  _globals['_GETJOBRESPONSE']._serialized_end=1467
+  _globals['_LISTPINSREQUEST']._serialized_start=1469
+  _globals['_LISTPINSREQUEST']._serialized_end=1540
+  _globals['_LISTPINSRESPONSE']._serialized_start=1542
+  _globals['_LISTPINSRESPONSE']._serialized_end=1646
+  _globals['_GETTOOLSTATSREQUEST']._serialized_start=1648
+  _globals['_GETTOOLSTATSREQUEST']._serialized_end=1718
+  _globals['_TOOLSTATS']._serialized_start=1721
+  _globals['_TOOLSTATS']._serialized_end=1864
+  _globals['_GETTOOLSTATSRESPONSE']._serialized_start=1866
+  _globals['_GETTOOLSTATSRESPONSE']._serialized_end=1952
+  _globals['_EXPLAINREQUEST']._serialized_start=1954
+  _globals['_EXPLAINREQUEST']._serialized_end=1990
+  _globals['_DECISIONRECORD']._serialized_start=1993
+  _globals['_DECISIONRECORD']._serialized_end=2241
+  _globals['_DECISIONRECORD_INPUTSENTRY']._serialized_start=2196
+  _globals['_DECISIONRECORD_INPUTSENTRY']._serialized_end=2241
+  _globals['_EXPLAINRESPONSE']._serialized_start=2243
+  _globals['_EXPLAINRESPONSE']._serialized_end=2370
+  _globals['_WATCHDECISIONSREQUEST']._serialized_start=2372
+  _globals['_WATCHDECISIONSREQUEST']._serialized_end=2430
+  _globals['_INSPECT']._serialized_start=2433
+  _globals['_INSPECT']._serialized_end=2971
 # @@protoc_insertion_point(module_scope)

@@ -54,10 +54,14 @@ class EngineStepCost(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., decode_s_per_seq: _Optional[float] = ..., step_s: _Optional[float] = ..., steps: _Optional[int] = ..., prefill_relative_error: _Optional[float] = ..., prefill_tokens_per_s: _Optional[float] = ..., prefill_time_share: _Optional[float] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "page_token", "include_anonymous")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ANONYMOUS_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    include_anonymous: bool
+    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ..., include_anonymous: _Optional[bool] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "first_arrival_s", "turns_finished", "requests_in_flight", "last_tool", "pinned_blocks", "engine_id")
@@ -78,10 +82,12 @@ class JobSummary(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., first_arrival_s: _Optional[float] = ..., turns_finished: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., last_tool: _Optional[str] = ..., pinned_blocks: _Optional[int] = ..., engine_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -140,24 +146,34 @@ class GetJobResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., summary: _Optional[_Union[JobSummary, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinRecord, _Mapping]]] = ..., last_decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
 
 class ListPinsRequest(_message.Message):
-    __slots__ = ("engine_id",)
+    __slots__ = ("engine_id", "limit", "page_token")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
-    def __init__(self, engine_id: _Optional[str] = ...) -> None: ...
+    limit: int
+    page_token: str
+    def __init__(self, engine_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListPinsResponse(_message.Message):
-    __slots__ = ("pins", "pinned_blocks")
+    __slots__ = ("pins", "pinned_blocks", "next_page_token")
     PINS_FIELD_NUMBER: _ClassVar[int]
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     pins: _containers.RepeatedCompositeFieldContainer[PinRecord]
     pinned_blocks: int
-    def __init__(self, pins: _Optional[_Iterable[_Union[PinRecord, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, pins: _Optional[_Iterable[_Union[PinRecord, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetToolStatsRequest(_message.Message):
-    __slots__ = ("tool",)
+    __slots__ = ("tool", "limit", "page_token")
     TOOL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tool: str
-    def __init__(self, tool: _Optional[str] = ...) -> None: ...
+    limit: int
+    page_token: str
+    def __init__(self, tool: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ToolStats(_message.Message):
     __slots__ = ("tool", "count", "mean_s", "p50_s", "p90_s", "p99_s", "mean_log_s", "stddev_log_s")
@@ -180,10 +196,12 @@ class ToolStats(_message.Message):
     def __init__(self, tool: _Optional[str] = ..., count: _Optional[int] = ..., mean_s: _Optional[float] = ..., p50_s: _Optional[float] = ..., p90_s: _Optional[float] = ..., p99_s: _Optional[float] = ..., mean_log_s: _Optional[float] = ..., stddev_log_s: _Optional[float] = ...) -> None: ...
 
 class GetToolStatsResponse(_message.Message):
-    __slots__ = ("tools",)
+    __slots__ = ("tools", "next_page_token")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[ToolStats]
-    def __init__(self, tools: _Optional[_Iterable[_Union[ToolStats, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, tools: _Optional[_Iterable[_Union[ToolStats, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -82,7 +82,7 @@ class InspectServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Jobs the daemon tracks, most recently active first.
+        """Jobs the daemon tracks, most recently active first (a page at a time).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,14 +96,14 @@ class InspectServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPins(self, request, context):
-        """Pins held by the engines connected to this daemon.
+        """Pins held by the engines connected to this daemon (a page at a time).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetToolStats(self, request, context):
-        """Tool-time statistics per tool (shared through the store).
+        """Tool-time statistics per tool (shared through the store; a page at a time).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +118,10 @@ class InspectServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchDecisions(self, request, context):
-        """Live tail of decisions as they are taken.
+        """Live tail of decisions as they are taken. At most limits.max_watchers streams
+        at once (64 by default); beyond: RESOURCE_EXHAUSTED. A watcher that falls more
+        than 1024 decisions behind is dropped: its stream ends with RESOURCE_EXHAUSTED
+        after the decisions it was sent. Decisions are never held back for a watcher.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
