@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.api.bounds import FieldError, check_text
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.retention.ranges import (
     DirectiveError,
@@ -144,6 +145,11 @@ class EngineAgent:
         # answer carries any, still apply to whatever of them is still cached.
         self._unanswered: deque[tuple[int, str]] = deque()
         self._unanswered_ids: set[str] = set()
+        # Live requests whose id the daemon would refuse (vLLM takes a client's own
+        # request_id or X-Request-Id, of any length): never reported, so one client
+        # cannot get the engine's every report refused; vLLM schedules them in its own
+        # order and frees their blocks as it does.
+        self._unreported: set[str] = set()
         self._finished_unanswered: dict[str, _FreedBlocks] = {}
         # Per job, the seq of the report that carried its latest request. A release
         # answering an older report was decided without knowing the job is back (the
@@ -163,6 +169,9 @@ class EngineAgent:
         meta = read_metadata(request)
         self.metadata[request.request_id] = meta
         request.priority = UNRANKED_PRIORITY
+        if not _reportable(request.request_id):
+            self._unreported.add(request.request_id)
+            return
         if self.link.connected:
             self._new.append(self._new_request(request, meta, pb.REQUEST_STATE_WAITING))
 
@@ -202,16 +211,20 @@ class EngineAgent:
         self._start_timing(output, now_s)
         for new in getattr(output, "scheduled_new_reqs", ()):
             # At admission, computed tokens are the prefix-cache hit.
-            self._events.append(pb.RequestEvent(
+            self._add_event(pb.RequestEvent(
                 request_id=new.req_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s,
                 cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0)))
         cached = getattr(output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", ()) or ():
-            self._events.append(pb.RequestEvent(
+            self._add_event(pb.RequestEvent(
                 request_id=request_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s))
         for request_id in getattr(output, "preempted_req_ids", None) or ():
-            self._events.append(pb.RequestEvent(
+            self._add_event(pb.RequestEvent(
                 request_id=request_id, kind=pb.EVENT_KIND_PREEMPTED, at_s=now_s))
+
+    def _add_event(self, event: pb.RequestEvent) -> None:
+        if event.request_id not in self._unreported:
+            self._events.append(event)
 
     def on_finish(self, request: Any) -> None:
         """A request finished (any reason), before its blocks are freed."""
@@ -224,7 +237,7 @@ class EngineAgent:
         self.metadata[request.request_id] = RequestMetadata(
             job_id=meta.job_id, is_last_step=meta.is_last_step, tool=tool)
         if self.link.connected:
-            self._events.append(pb.RequestEvent(
+            self._add_event(pb.RequestEvent(
                 request_id=request.request_id, kind=pb.EVENT_KIND_FINISHED,
                 at_s=self.clock_s(), finish_reason=reason,
                 output_tokens=getattr(request, "num_output_tokens", 0), tool=tool,
@@ -235,6 +248,9 @@ class EngineAgent:
         the daemon decides). True: pinned, and the request is removed from the
         scheduler; False: the caller frees them as vLLM does."""
         meta = self.metadata.pop(request.request_id, None) or RequestMetadata()
+        if request.request_id in self._unreported:
+            self._unreported.discard(request.request_id)
+            return False  # the daemon never heard of it: no pin it could decide on
         if meta.is_last_step and meta.job_id:
             # The job is over: no pin of it can serve another turn. Released here, not
             # at the daemon's word, so an engine going idle never holds them.
@@ -289,6 +305,7 @@ class EngineAgent:
     def forget(self, request_id: str) -> None:
         """A request left without a pin (its blocks were freed the vLLM way)."""
         self.metadata.pop(request_id, None)
+        self._unreported.discard(request_id)
         self.retention.pop(request_id, None)
 
     def retain(self, request: Any) -> None:
@@ -505,6 +522,8 @@ class EngineAgent:
                                    snapshot=True, now_s=self.clock_s(),
                                    kv=self._demand_on_engine(kv), counters=self.counters)
             for request in list(self.sched.requests.values()):
+                if request.request_id in self._unreported:
+                    continue
                 meta = self.metadata.get(request.request_id) or read_metadata(request)
                 state = (pb.REQUEST_STATE_RUNNING if _is_running(request)
                          else pb.REQUEST_STATE_WAITING)
@@ -877,6 +896,18 @@ def _protection_of(decision: pb.PinDecision) -> Protection | None:
     return Protection(decision.retention_priority,
                       decision.retention_duration_s
                       if decision.HasField("retention_duration_s") else None)
+
+
+def _reportable(request_id: str) -> bool:
+    """Whether the daemon accepts ``request_id`` (sidecar.api.bounds); an id it would
+    refuse is logged once, here, when its request arrives."""
+    try:
+        check_text("request_id", request_id, required=True)
+        return True
+    except FieldError as error:
+        logger.warning("kvtether: request %.64r...: not reported to the daemon, vLLM "
+                       "schedules it in its own order: %s", request_id, error.problem)
+        return False
 
 
 def _block_size(manager: Any, group: int, default: int) -> int:

@@ -814,3 +814,22 @@ def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ign
     assert sum(w.decode_seqs for w in work) == 3 * len(prompts)
     assert sum(w.steps for w in work) == steps_with_work
     assert all(w.busy_s > 0.0 for w in work), "every step is timed"
+
+
+def test_item8_a_request_id_the_daemon_refuses_costs_the_engine_nothing(  # type: ignore[no-untyped-def]
+        engines, continuum) -> None:
+    # vLLM takes a client's own request_id (or X-Request-Id) of any length and content;
+    # the daemon refuses a report naming one. Such a request is left to vLLM, while
+    # every other request is still reported and decided on.
+    engine = engines(continuum)
+    engine.step()  # the session's first report: a snapshot
+    snapshots = engine.agent.counters.resyncs
+    for odd_id in ("x" * 300, "two\nlines"):
+        engine.add(odd_id, context(1, 2 * BLOCK), job="agent-odd", last=False)
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.drain()
+    assert "t1" in engine.agent.pins and engine.agent.pins["t1"].confirmed
+    assert set(engine.agent.pins) == {"t1"}, "a request the daemon never saw is not pinned"
+    assert engine.agent.counters.resyncs == snapshots, "no report was refused"
+    assert not engine.agent._unreported
+    assert engine.free() == engine.start_free - len(engine.agent.pins["t1"].blocks)
