@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import grpc
+import httpx
 import openai
 
 from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
@@ -27,8 +28,13 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 def client(engine: LiveEngine) -> openai.OpenAI:
+    # No retries: a failed request is what these tests look for. vLLM's API server
+    # (uvicorn) closes a connection idle for 5 s, and a pooled connection reused just
+    # as it closes fails without ever reaching vLLM; the pool lets them go first.
+    pool = httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                        keepalive_expiry=2.0)
     return openai.OpenAI(base_url=f"{engine.base_url}/v1", api_key="unused", timeout=120,
-                         max_retries=0)
+                         max_retries=0, http_client=openai.DefaultHttpxClient(limits=pool))
 
 
 def agent(engine: LiveEngine, job_id: str, seed: int) -> AgentJob:
