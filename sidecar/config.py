@@ -30,6 +30,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from sidecar.api.bounds import MAX_ID_CHARS
+
 ENV_PREFIX = "KVTETHER_"
 
 
@@ -149,7 +151,6 @@ class StoreConfig(_Section):
 
 
 MIN_TOKEN_CHARS = 16
-MAX_SCOPE_CHARS = 256
 
 
 def _check_tokens(tokens: Mapping[str, Any], source: str) -> dict[str, str]:
@@ -158,8 +159,8 @@ def _check_tokens(tokens: Mapping[str, Any], source: str) -> dict[str, str]:
     for token, scope in tokens.items():
         if not isinstance(token, str) or not isinstance(scope, str):
             raise ValueError(f"{source}: tokens and scopes must be strings")
-        if not scope or len(scope) > MAX_SCOPE_CHARS:
-            raise ValueError(f"{source}: scope {scope[:32]!r} must have 1-{MAX_SCOPE_CHARS} "
+        if not scope or len(scope) > MAX_ID_CHARS:
+            raise ValueError(f"{source}: scope {scope[:32]!r} must have 1-{MAX_ID_CHARS} "
                              "characters")
         if len(token) < MIN_TOKEN_CHARS:
             raise ValueError(f"{source}: the token of scope {scope!r} is shorter than "
