@@ -155,6 +155,7 @@ class DaemonLink:
 
     def _run(self) -> None:
         attempt = 0
+        ended: str | None = None  # how the last session ended, as logged
         while not self._closing.is_set():
             options: list[tuple[str, object]] = [
                 ("grpc.keepalive_time_ms", 10_000),
@@ -176,8 +177,11 @@ class DaemonLink:
                 self._connected.set()
                 if attempt or self.reconnects:
                     logger.info("kvtether: connected to daemon at %s", self.address)
-                attempt = 0
                 for decision in stub.Session(self._reports(outbox), metadata=self._metadata):
+                    # Answered: the daemon takes this engine, so the next reconnect
+                    # starts quick again and a new failure is worth a warning.
+                    attempt = 0
+                    ended = None
                     self._receive(decision)
                 if self._closing.is_set():
                     return
@@ -185,7 +189,12 @@ class DaemonLink:
                 pass
             except grpc.RpcError as error:
                 if not self._closing.is_set():
-                    logger.warning("kvtether: daemon session ended: %s", _describe(error))
+                    # A daemon that refuses every session (a bad token, a bad report)
+                    # would otherwise log the same line at each reconnect.
+                    described = _describe(error)
+                    if described != ended:
+                        logger.warning("kvtether: daemon session ended: %s", described)
+                    ended = described
             finally:
                 self._disconnect()
                 self._end_outbox()  # ends this connection's request iterator

@@ -3,10 +3,12 @@ killed and restarted mid-session (the link reconnects and resyncs with a snapsho
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sidecar.api.v1 import engine_session_pb2 as pb
@@ -137,3 +139,25 @@ def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_pat
             assert anonymous.take_decisions(wait_s=1.0) == []
         finally:
             anonymous.close()
+
+
+def test_item6_a_link_the_daemon_refuses_warns_once_and_backs_off(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # An engine without the token it needs: every session is refused at once. The link
+    # keeps trying (the token may be fixed, the daemon restarted) but at its backoff's
+    # pace, and the engine log says why once, not at every try.
+    config = tmp_path / "kvtether.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"tokens": {"engine-token-0123456789": "engines"},
+                                               "engine_scopes": ["engines"]}}))
+    with running_daemon("--config", str(config)) as daemon, \
+            caplog.at_level(logging.WARNING, logger="kvtether.plugin"):
+        link = DaemonLink(daemon.address)
+        try:
+            time.sleep(2.0)
+            reconnects = link.reconnects
+        finally:
+            link.close()
+    refusals = [r.getMessage() for r in caplog.records if "session ended" in r.getMessage()]
+    assert len(refusals) == 1 and "UNAUTHENTICATED" in refusals[0]
+    # The backoff (0.05, 0.1, 0.25, 0.5, 1 s) allows about 5 tries in 2 s, not 40.
+    assert 1 <= reconnects <= 8
