@@ -18,6 +18,9 @@ import re
 MAX_ID_CHARS = 256
 # Tool names (a program and its subcommand, or a function name).
 MAX_TOOL_CHARS = 128
+# Page tokens of the Inspect listings: base64 of a position that may hold two ids
+# (a pin's engine and request), so about 4/3 x (2 x MAX_ID_CHARS) and some JSON.
+MAX_PAGE_TOKEN_CHARS = 1024
 # The name under which the statistics of every tool are pooled (the cold-start
 # fallback, ``sidecar.store.keys``): no single tool may take it.
 ALL_TOOLS = "*"

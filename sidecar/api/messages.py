@@ -5,8 +5,8 @@ from the message's descriptor, so a field added to a .proto is covered at once.
   or a count, and poison every sum they enter);
 - an enum holds a value its enum defines (proto3 keeps unknown numbers as they came);
 - a string is an id or a name (:func:`sidecar.api.bounds.check_text`): at most
-  ``MAX_ID_CHARS`` characters, ``MAX_TOOL_CHARS`` for a tool name, no control
-  characters.
+  ``MAX_ID_CHARS`` characters, ``MAX_TOOL_CHARS`` for a tool name and
+  ``MAX_PAGE_TOKEN_CHARS`` for a page token, no control characters.
 
 What a field means (a time not negative, a required id, a reserved tool name) is the
 service's own check, after this one. Raises :class:`~sidecar.api.bounds.FieldError`
@@ -30,10 +30,18 @@ from typing import Any, cast
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from sidecar.api.bounds import MAX_ID_CHARS, MAX_TOOL_CHARS, FieldError, check_text
+from sidecar.api.bounds import (
+    MAX_ID_CHARS,
+    MAX_PAGE_TOKEN_CHARS,
+    MAX_TOOL_CHARS,
+    FieldError,
+    check_text,
+)
 
-# Fields holding a tool name; every other string holds an id, a scope or a target.
+# Fields holding a tool name or a page token; every other string holds an id, a scope
+# or a target.
 TOOL_FIELDS = frozenset({"tool", "tool_hint"})
+PAGE_TOKEN_FIELDS = frozenset({"page_token"})
 
 _FLOATS = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
 
@@ -126,7 +134,9 @@ def _scalar_lines(item: FieldDescriptor, value: str, where: str, names: dict[str
         return [f"if {value} not in {defined}:",
                 f"    not_defined({where}, {value}, {field})"]
     if item.type == FieldDescriptor.TYPE_STRING:
-        limit = MAX_TOOL_CHARS if item.name in TOOL_FIELDS else MAX_ID_CHARS
+        limit = (MAX_TOOL_CHARS if item.name in TOOL_FIELDS
+                 else MAX_PAGE_TOKEN_CHARS if item.name in PAGE_TOKEN_FIELDS
+                 else MAX_ID_CHARS)
         return [f"if len({value}) > {limit} or not {value}.isprintable():",
                 f"    check_text({where}, {value}, {limit})"]
     return []

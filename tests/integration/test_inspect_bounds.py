@@ -366,3 +366,30 @@ def test_item9_listjobs_keeps_finished_jobs_after_many_anonymous_requests() -> N
         assert anonymous.returncode == 0, anonymous.stderr
         assert [line.split()[0] for line in anonymous.stdout.splitlines()[1:4]] == [
             "anon-149", "anon-148", "anon-147"]
+
+
+def test_item2_pages_of_pins_with_the_longest_ids_are_read_to_the_end() -> None:
+    # A ListPins page token names the last pin's engine and request ids; with ids of
+    # the longest length the daemon accepts, the token is longer than an id may be,
+    # and the next page must still be read.
+    engine_id = "e" * 256
+    with running_daemon("--log-level", "warning") as daemon, daemon.channel() as channel:
+        stub = engine_session_pb2_grpc.EngineSessionStub(channel)
+        report = pb.StepReport(engine_id=engine_id, seq=1, snapshot=True, now_s=1.0, kv=KV)
+        for index in range(3):
+            report.pins.append(pb.PinState(
+                request_id=f"{index}" + "r" * 255, job_id=f"job{index}", blocks=4,
+                pinned_at_s=0.5, expires_at_s=1e9))
+        stub.Step(report, timeout=30)
+        inspect = inspect_pb2_grpc.InspectStub(channel)
+        read: list[str] = []
+        token = ""
+        while True:
+            page = inspect.ListPins(inspect_pb2.ListPinsRequest(limit=1, page_token=token),
+                                    timeout=30)
+            read.extend(pin.request_id[:1] for pin in page.pins)
+            token = page.next_page_token
+            if not token:
+                break
+            assert len(token) > 256
+        assert read == ["0", "1", "2"]
