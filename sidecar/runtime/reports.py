@@ -26,6 +26,9 @@ InvalidReport = FieldError
 
 # Far more than any engine holds; a larger report is malformed, not big.
 MAX_ITEMS_PER_REPORT = 65_536
+# The plugin's decision-lag histogram has a handful of buckets, and each bucket
+# becomes a metric series per engine: more is malformed, and costs memory and scrapes.
+MAX_LAG_BUCKETS = 64
 # Longer than any engine step: a report whose steps took more than this each carries
 # a clock that jumped, not work (and would swamp the engine's step-cost fit).
 MAX_STEP_S = 3600.0
@@ -48,6 +51,10 @@ def validate_report(report: pb.StepReport) -> None:
         largest = max(lists, key=lambda name: len(getattr(report, name)))
         raise InvalidReport(largest, f"{items} items in one report ({', '.join(lists)} "
                                      f"together) exceed {MAX_ITEMS_PER_REPORT}")
+    buckets = len(report.counters.answers_by_lag_steps)
+    if buckets > MAX_LAG_BUCKETS:
+        raise InvalidReport("counters.answers_by_lag_steps",
+                            f"{buckets} buckets exceed {MAX_LAG_BUCKETS}")
     check_message(report, skip=_JUDGED_ELSEWHERE)
     check_text("engine_id", report.engine_id, required=True)
     if report.seq == 0:

@@ -132,6 +132,15 @@ def test_item8_released_pins_count_toward_the_item_limit(channel: grpc.Channel) 
     assert details.startswith("released_pins: 100000 items in one report"), details
 
 
+def test_item8_lag_buckets_are_bounded_and_make_no_metric_series_beyond(
+        daemon: DaemonProcess, channel: grpc.Channel) -> None:
+    # Each bucket of an engine's decision-lag histogram becomes a metric series.
+    counters = pb.EngineCounters(answers_by_lag_steps=[1] * 100_000)
+    details = step_refusal(channel, counters=counters)
+    assert details.startswith("counters.answers_by_lag_steps: 100000 buckets exceed"), details
+    assert 'lag="99999"' not in scrape(daemon)
+
+
 def test_item8_every_float_of_every_request_is_finite(channel: grpc.Channel) -> None:
     counters = pb.EngineCounters(provisional_block_seconds=INF)
     assert step_refusal(channel, counters=counters).startswith(
