@@ -70,6 +70,19 @@ def _turns(stub: engine_session_pb2_grpc.EngineSessionStub, engine_id: str, firs
     return seq
 
 
+def _pin_pages(inspect: inspect_pb2_grpc.InspectStub, limit: int
+               ) -> Iterator[inspect_pb2.ListPinsResponse]:
+    """Every page of ListPins, following the page tokens."""
+    token = ""
+    while True:
+        page = inspect.ListPins(inspect_pb2.ListPinsRequest(limit=limit, page_token=token),
+                                timeout=30)
+        yield page
+        token = page.next_page_token
+        if not token:
+            return
+
+
 def _metric(daemon: DaemonProcess, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics",
                                   timeout=10).read().decode()
@@ -155,17 +168,10 @@ def test_item2_list_jobs_and_list_pins_page_through_everything_once(
         assert jobs[0] == f"engine-{ENGINES - 1}/job{PINS_PER_ENGINE - 1}"
 
         pins: list[inspect_pb2.PinRecord] = []
-        token = ""
-        while True:
-            pin_page = inspect.ListPins(inspect_pb2.ListPinsRequest(limit=MAX_LIMIT,
-                                                                    page_token=token),
-                                        timeout=30)
+        for pin_page in _pin_pages(inspect, MAX_LIMIT):
             assert len(pin_page.pins) <= MAX_LIMIT
             assert pin_page.pinned_blocks == ENGINES * PINS_PER_ENGINE * 40
             pins.extend(pin_page.pins)
-            token = pin_page.next_page_token
-            if not token:
-                break
         keys = [(pin.engine_id, pin.request_id) for pin in pins]
         assert keys == sorted(set(keys)) and len(keys) == ENGINES * PINS_PER_ENGINE
         first = inspect.ListPins(inspect_pb2.ListPinsRequest(engine_id="engine-2"), timeout=30)
@@ -381,15 +387,6 @@ def test_item2_pages_of_pins_with_the_longest_ids_are_read_to_the_end() -> None:
                 request_id=f"{index}" + "r" * 255, job_id=f"job{index}", blocks=4,
                 pinned_at_s=0.5, expires_at_s=1e9))
         stub.Step(report, timeout=30)
-        inspect = inspect_pb2_grpc.InspectStub(channel)
-        read: list[str] = []
-        token = ""
-        while True:
-            page = inspect.ListPins(inspect_pb2.ListPinsRequest(limit=1, page_token=token),
-                                    timeout=30)
-            read.extend(pin.request_id[:1] for pin in page.pins)
-            token = page.next_page_token
-            if not token:
-                break
-            assert len(token) > 256
-        assert read == ["0", "1", "2"]
+        pages = list(_pin_pages(inspect_pb2_grpc.InspectStub(channel), limit=1))
+        assert [pin.request_id[:1] for page in pages for pin in page.pins] == ["0", "1", "2"]
+        assert all(len(page.next_page_token) > 256 for page in pages[:-1])
