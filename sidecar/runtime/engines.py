@@ -28,10 +28,6 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
 from sidecar.runtime.decider import Decider
 from sidecar.runtime.mirror import EngineMirror, LiveRequest
-
-# Re-exported: callers know the report's error and limit from here.
-from sidecar.runtime.reports import MAX_ITEMS_PER_REPORT as MAX_ITEMS_PER_REPORT
-from sidecar.runtime.reports import InvalidReport as InvalidReport
 from sidecar.runtime.reports import validate_report
 from sidecar.runtime.steptime import EngineStepCosts, StepWork
 from sidecar.telemetry import metrics

@@ -21,10 +21,10 @@ from sidecar.retention.auth import Authenticator, NotAnEngineScope, Unauthentica
 from sidecar.runtime.engines import (
     EngineRegistry,
     EngineStream,
-    InvalidReport,
     SessionConflict,
     SessionReplaced,
 )
+from sidecar.runtime.reports import InvalidReport
 from sidecar.telemetry import metrics
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
-from sidecar.runtime.engines import InvalidReport, validate_report
+from sidecar.runtime.reports import InvalidReport, validate_report
 from sidecar.runtime.steptime import EngineStepCosts, PrefillRate, StepCostEstimator, StepWork
 
 # The twin's step-time model of Llama-3.1-8B on an RTX 5090 (benchmarks/twin/steptime.py).
