@@ -4,11 +4,11 @@ The plugin counts the answers it applied by steps after their report
 (``EngineCounters.answers_by_lag_steps``, cumulative over its life; 1 is the design's
 lag, a report at a step's end answered at the next ``schedule()``). On a GPU, or
 wherever the daemon has a CPU to itself, nearly every answer lands within 1-2 steps.
-On a saturated CPU node the daemon waits for a CPU now and then, and 26-33% of the
-answers land 3 or more steps late (the engine benchmark's "answers by lag" table).
-Whatever the engine keeps waiting on an answer meanwhile is kept that much longer: a
-policy reads the recent share of late answers to choose a wait that costs less
-(``Policy.caches_provisional_pins``'s ``late_answer_share``).
+Where the engine keeps every CPU busy the daemon waits for one now and then, and a
+large share of the answers land 3 or more steps late (the engine benchmark reports the
+lags of each run). Whatever the engine keeps waiting on an answer meanwhile is kept
+that much longer: a policy reads the recent share of late answers to choose a wait that
+costs less (``Policy.caches_provisional_pins``'s ``late_answer_share``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 # An answer applied this many steps after its report, or more, is late: one step is
 # the design's lag, two is a round trip that missed one step.
 LATE_ANSWER_STEPS = 3
-# Recent answers the share is read over: ~8 s of a busy CPU engine's reports, several
-# of its stalls (1-2% of its reports start one), so the share reads the node, not the
-# last stall. Over 64 answers it dropped below a tenth between stalls, and adaptive's
-# finished turns went back to being held (ADAPTIVE.md item 37).
+# Recent answers the share is read over: long enough to span several of a busy
+# engine's CPU stalls (seconds of its reports), so the share reads the node, not the
+# last stall; a window of a few dozen answers falls below a tenth between stalls and
+# flips a policy's choice back and forth. Why 256: see docs/decisions/.
 WINDOW_ANSWERS = 256
 
 

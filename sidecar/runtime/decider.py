@@ -48,9 +48,9 @@ class EngineDecisionState:
 class Decision:
     """One decision as taken, kept as plain values: most are never looked at, so the
     ``DecisionRecord`` (a protobuf, its inputs JSON-encoded) is built only when one is
-    read (Explain, GetJob) or watched. Built for every one, at ~15 µs each (13 a report
-    at 150 running / 200 waiting), they were ~6% of the daemon's CPU under adaptive
-    (benchmarks/results/overhead/README.md, the decision path alone)."""
+    read (Explain, GetJob) or watched. A record takes ~15 µs to build and a busy step
+    takes a dozen decisions, so building every one would cost several percent of the
+    daemon's CPU (see docs/decisions/)."""
 
     engine_id: str
     request_id: str

@@ -1,10 +1,10 @@
 """An engine's step cost, learned from the work its step reports carry.
 
 A policy that weighs keeping a context against re-computing it needs what a token of
-prefill costs on *this* engine. The figure varies 10x with the hardware (an 8B model
-on one GPU: ~1e-4 s a token; vLLM's CPU build with the tiny test model: 2e-5 to 2e-4 s
-on two VMs), and a policy given the wrong one values every context wrongly (adaptive
-with the GPU figure on the CPU engine: 3.6-20.6 s a job against FCFS's 3.4-4.4 s).
+prefill costs on *this* engine. The figure varies tenfold with the hardware and the
+model (of the order of 1e-4 s a token for an 8B model on one GPU, 2e-5 to 2e-4 s for
+vLLM's CPU build with a tiny model), and a policy given the wrong one values every
+context wrongly.
 
 Each report carries the steps the engine ran since the previous one, how long they
 took (end of ``schedule()`` to end of ``update_from_output()``), the prompt tokens they
@@ -41,7 +41,8 @@ from sidecar.framework.types import EngineCost
 
 _REGRESSORS = 3  # steps, prefill tokens, decode requests
 # On the decision path the fit is redone once per this many reports with work, not at
-# every one: a fit is seven small solves, ~0.2 ms in Python, a fifth of a decision.
+# every one: a fit is seven small solves, about a fifth of a decision's time in Python
+# (see docs/decisions/).
 REFIT_EVERY_REPORTS = 32
 
 
@@ -170,9 +171,8 @@ class PrefillRate:
 
     Times the engine's prefill cost, it is the share of the engine's time spent
     computing prompts: the adaptive policy reads it to tell an engine saturated by
-    prefill from one with time to spare (its README, "Unless the engine has time to
-    spare"). The average is over the time since the first report while that is
-    shorter than the window, so it is not biased low at the start.
+    prefill from one with time to spare. The average is over the time since the first
+    report while that is shorter than the window, so it is not biased low at the start.
     """
 
     def __init__(self, window_s: float = 10.0) -> None:

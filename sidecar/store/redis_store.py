@@ -14,11 +14,11 @@ cluster; a transition over keys of two slots is refused on both deployments.
 
 Why not redis-py's cluster pipeline: redis-py 8.1's ``ClusterPipeline(transaction=True)``
 does WATCH, but runs every watched or queued command in a new thread with its own event
-loop and joins it, blocking the daemon's loop: on a local cluster, 1.6 ms a transition
-and 3.8 s for 50 racing on one key, against 0.2-0.3 ms and 0.15 s here, where a
-transition is two round trips (WATCH + GETs, then MULTI … EXEC) on a connection taken
-from redis-py's own pool for the owning master. Other commands use ``RedisCluster``,
-which follows MOVED redirections itself.
+loop and joins it, blocking the daemon's loop: a transition takes several times as
+long as here, and transitions racing on one key some 25 times as long (see
+docs/decisions/). Here a transition is two round trips (WATCH + GETs, then MULTI … EXEC)
+on a connection taken from redis-py's own pool for the owning master. Other commands use
+``RedisCluster``, which follows MOVED redirections itself.
 
 On a cluster, every call rides out topology changes — a failover, a slot moved — for up
 to the store's timeout: it refreshes the slot map and retries. On one server, a call that

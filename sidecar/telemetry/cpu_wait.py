@@ -1,12 +1,11 @@
 """How long the daemon's event-loop thread waited for a CPU: Linux's schedstat run delay.
 
 Every decision runs on the event-loop thread. When the node's CPUs are saturated (vLLM's
-CPU build keeps every core busy) that thread is often ready to run and not running: on
-a 2-core VM serving the engine benchmark, its 1 ms sleeps overslept by up to 337 ms, and
-the kernel's run-queue wait accounted for all of it (the thread's own CPU time during
-those stalls was under 2 ms; benchmarks/results/engine/README.md). The engine then
-applies the daemon's answers many steps late. This counter shows that condition
-directly: its rate is the fraction of time decisions were held up for a CPU.
+CPU build keeps every core busy) that thread is often ready to run and not running: a
+millisecond's sleep can overrun by hundreds of milliseconds, nearly all of it spent in
+the kernel's run queue rather than on the thread's own work. The engine then applies
+the daemon's answers many steps late. This counter shows that condition directly: its
+rate is the fraction of time decisions are held up for a CPU.
 
 ``/proc/self/task/<tid>/schedstat`` holds three numbers: nanoseconds on a CPU,
 nanoseconds waiting on a run queue, and time slices run. Kernels built without
@@ -82,9 +81,9 @@ class CpuWaitWatch:
     """Logs ``daemon_cpu_starved`` when the watched thread spent more than
     ``warn_share`` of the time since the last check waiting for a CPU, at most once
     every ``quiet_s``: an operator reading only the logs learns why answers land late.
-    The daemon checks once a minute. 10% is twice what the engine benchmark's daemon
-    waited in a session of its own on 2 busy cores (0.7-1.0 s of a run of about 20 s),
-    where a fifth of its answers still came 7 or more steps late."""
+    The daemon checks once a minute. The default ``warn_share``, 10%, is about twice
+    the wait at which a daemon sharing busy cores with a CPU engine already applies a
+    fifth of its answers 7 or more steps late (see docs/decisions/)."""
 
     def __init__(self, source: ThreadCpuWait, warn_share: float = 0.10,
                  quiet_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:

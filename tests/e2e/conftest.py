@@ -59,7 +59,7 @@ def engine(daemon: DaemonController, tmp_path_factory: pytest.TempPathFactory
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     spec = EngineSpec(model_dir=tiny_model_dir(), port=port, daemon_address=daemon.address,
                       num_blocks=NUM_BLOCKS, engine_id="e2e-engine",
-                      # Generous on a loaded 2-core CI box; the overhead benchmark
+                      # Generous on a loaded CI machine; the overhead benchmark
                       # measures the real lag.
                       deadline_ms=float(os.environ.get("KVTETHER_E2E_DEADLINE_MS", "500")),
                       env={"KVTETHER_PLUGIN_PROVISIONAL_PIN_S": "2",

@@ -168,14 +168,14 @@ def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine) -> None:  # t
     ensure_policy(engine, "continuum")
     drain(engine)
     before = scrape(engine.base_url)
-    # In lockstep: with jobs free-running, a fast engine served the turns as they came
-    # and never ran out of KV (seen on an AVX-512 VM stepping in 1.2 ms). A first turn
+    # In lockstep: with jobs free-running, a fast engine (a step in about a
+    # millisecond) serves the turns as they come and never runs out of KV. A first turn
     # is 657 prompt tokens (6 blocks), so 4 or 5 of the 10 are admitted together,
     # however the requests' arrivals spread. 400 answer tokens grow each to 9 blocks:
-    # 4 x 9 = 36 > 32, so they run out. With 160 (7 blocks) only 5 ran out, and when
-    # the fifth arrived after the first four had grown it was not admitted: 0-3
-    # preemptions a run, none in 1 of 7 (6-9 now, 2 CPU hogs beside it included). Two
-    # turns keep the second within the 2,048-token context (about 1,700 tokens).
+    # 4 x 9 = 36 > 32, so they always run out. With 160 (7 blocks) only 5 together run
+    # out, and a fifth that arrives after the first four have grown is not admitted, so
+    # a run may see no preemption. Two turns keep the second within the 2,048-token
+    # context (about 1,700 tokens).
     failures = run_jobs(engine, "pressure", jobs=10, turns=2, lockstep=True, max_tokens=400)
     after = scrape(engine.base_url)
     assert failures == []

@@ -32,7 +32,8 @@ ENGINES = 4
 PINS_PER_ENGINE = 1500
 MAX_LIMIT = 1000
 # A step answered later than this waited on inspection: unloaded it takes milliseconds,
-# and the largest ListJobs page took tens of seconds with this many pins.
+# and building the largest ListJobs page in one go takes tens of seconds with this many
+# pins.
 STEP_BOUND_S = 1.0
 
 
@@ -101,7 +102,7 @@ def pinned() -> Iterator[DaemonProcess]:
         yield daemon
 
 
-# --- item 2: bounded inspection ------------------------------------------------------
+# --- bounded inspection --------------------------------------------------------------
 
 def test_item2_a_step_is_answered_while_the_largest_list_jobs_page_is_built(
         pinned: DaemonProcess) -> None:
@@ -223,7 +224,7 @@ def test_item2_tool_stats_are_paged_by_tool_name() -> None:
         assert listed == expected
 
 
-# --- item 3: capped watchers, dropped when they do not read --------------------------
+# --- capped watchers, dropped when they do not read ----------------------------------
 
 def test_item3_watchers_beyond_the_cap_are_refused_naming_it() -> None:
     env = {"KVTETHER_LIMITS__MAX_WATCHERS": "3"}
@@ -305,8 +306,8 @@ def test_item3_watchers_that_never_read_are_dropped_and_decisions_keep_their_pac
             time.sleep(2.0)  # the streams open (the drop count below shows they did)
             watched_s = _round_trips_s(engine, "watched", 3000)
             later_s = statistics.median(_round_trips_s(engine, "later", 600))
-            # Unread watchers made each decision wait on them: 200 took the median
-            # round trip ten times longer. Dropped, they cost the decisions nothing.
+            # Were each decision to wait on unread watchers, 200 of them would make
+            # the median round trip ten times longer. Dropped, they cost nothing.
             assert statistics.median(watched_s) < 3 * alone_s + 0.005, (
                 alone_s, statistics.median(watched_s))
             assert later_s < 3 * alone_s + 0.005, (alone_s, later_s)
@@ -324,7 +325,7 @@ def test_item3_watchers_that_never_read_are_dropped_and_decisions_keep_their_pac
                 call.cancel()
 
 
-# --- item 9: ListJobs as a user reads it ---------------------------------------------
+# --- ListJobs as a user reads it -----------------------------------------------------
 
 def test_item9_listjobs_keeps_finished_jobs_after_many_anonymous_requests() -> None:
     with running_daemon("--log-level", "warning") as daemon, daemon.channel() as channel:

@@ -184,8 +184,8 @@ def _loop_thread_wait_s(pid: int) -> float:
 def test_cpu_wait_is_the_event_loops_and_grows_when_starved() -> None:
     """The counter is the event-loop thread's run-queue wait, as /proc reads it from
     outside the daemon at the same moment; with more busy processes than cores it grows
-    by more than 10 ms in 1.5 s of reports (measured: 0.24-0.52 s on 2 cores), and
-    never by more than the time that passed."""
+    by more than 10 ms in 1.5 s of reports (a starved thread waits tenths of a second),
+    and never by more than the time that passed."""
     hogs_count = 2 * (os.cpu_count() or 1) + 1
     with running_daemon("--policy", "fcfs") as daemon:
         pid = daemon.process.pid

@@ -713,7 +713,7 @@ def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptiv
                    last=False, max_tokens=24)
     engine.drain()
     # Twelve jobs' turn 1 do not fit at once: with others waiting, a cold-start pin
-    # (P=0.5 within 2 s) does not repay its memory, so contexts were released but kept
+    # (P=0.5 within 2 s) does not repay its memory, so contexts are released but kept
     # cached at a retention priority instead of pinned.
     assert retention.num_retained_entries > 0
     pinned = sum(len(pin.blocks) for pin in engine.agent.pins.values())

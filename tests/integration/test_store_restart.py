@@ -1,6 +1,6 @@
 """A Redis restart seen from the store: every pooled connection dies with the old
 server, and the calls made once it is back must not fail for that (an operator's first
-``grpcurl`` after a restart used to get UNAVAILABLE from a server that answers)."""
+``grpcurl`` after a restart must not get UNAVAILABLE from a server that answers)."""
 
 from __future__ import annotations
 

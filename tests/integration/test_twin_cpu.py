@@ -105,8 +105,8 @@ def test_drawn_lags_replay_the_engines_reports_and_its_stale_steps(tmp_path: Pat
                      "--answer-lag-drawn", "--answer-lag-tail-steps", "24", "--out", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     adaptive = json.loads(RUN_19.read_text())["policies"]["adaptive"]
-    # Its answers 0 steps late were the plugin's idle waits (not counted apart then):
-    # those land at once in the twin, the rest are drawn.
+    # This run does not count idle waits apart: its answers 0 steps late are the
+    # plugin's idle waits, which land at once in the twin; the rest are drawn.
     waits = adaptive["answers_by_lag_steps"]["0"]
     report_share = (adaptive["daemon_reports"] - waits) / adaptive["engine_steps"]
     assert f"reports on {report_share:.0%} of the steps and idle waits on" in done.stdout, \
@@ -174,8 +174,8 @@ RUN_21 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
 def test_the_twin_steps_once_more_after_the_last_finish_as_vllm_does() -> None:
     # vLLM's engine core steps while finished requests are not yet returned: one empty
     # step after the last one finishes, at which the plugin, idle, reports the pin it
-    # was answered and waits again. Without it the twin's engine waited for the
-    # daemon 148 times a run like this VM's where the engine's continuum waited 273.
+    # was answered and waits again. Without it the twin's engine waits for the daemon
+    # far less often than the recorded engine's continuum does.
     from dataclasses import replace
 
     from benchmarks.twin.cpu import CpuSetup, run_policy
@@ -195,8 +195,9 @@ def test_requests_slowed_on_their_way_leave_the_twin_idle_as_often_as_the_engine
     # The CPU engine's API server shares the two cores with the engine core: requests
     # sent while it computes reach it mostly once it is idle (benchmarks/twin/
     # frontend.py), so it goes idle after more of its turns than requests arriving
-    # independently of it would leave it. The twin's FCFS went idle after 150 turns a
-    # run like this VM's, with the time outside vLLM a fixed delay before each request.
+    # independently of it would leave it. With the time outside vLLM a fixed delay
+    # before each request, the twin's FCFS goes idle clearly less often than the
+    # recorded engine's.
     from dataclasses import replace
     from statistics import mean
 

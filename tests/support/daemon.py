@@ -105,7 +105,7 @@ class DaemonController:
         self.extra_args = extra_args
         # Its own session puts the daemon in its own Linux autogroup, which the kernel
         # shares CPU with as it does a container's cgroup: apart from the process that
-        # drives the engine (benchmarks/results/engine/README.md, the seventh VM).
+        # drives the engine, as the engine benchmark runs it.
         self.own_session = own_session
         # The autogroup's nice value, as a container's CPU request weights its cgroup
         # (negative: a larger share; Linux, and privileged below 0). None: unchanged.

@@ -257,8 +257,9 @@ def test_the_twin_draws_each_policys_lag_from_the_runs_own() -> None:
 
 
 def test_the_lags_are_fitted_with_the_runs_idle_waits() -> None:
-    # The run's idle waits a round (counted since 18de9e7; before, its answers 0 steps
-    # late) go out on their share of the steps, the other reports on theirs.
+    # The run's idle waits a round go out on their share of the steps, the other
+    # reports on theirs; a run that records no idle waits counts them among its
+    # answers 0 steps late.
     setup = CpuSetup(draw_answer_lag=True, answer_lag_tail_steps=4.0,
                      like_answer_lags={"fcfs": [25.0, 50.0, 20.0, 0, 0, 0, 0, 5.0]},
                      like_engine_steps={"fcfs": 400.0}, like_reports={"fcfs": 100.0},

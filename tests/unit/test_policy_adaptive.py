@@ -465,7 +465,7 @@ def test_an_older_jobs_turn_that_fits_is_credited_on_an_engine_with_time_to_spar
 def test_with_no_credit_below_saturation_only_a_saturated_engine_credits_a_jobs_age(
         prefill_per_s: float, order: list[str], credited: str) -> None:
     # An engine with time to spare gains little from putting older jobs' turns first
-    # and its new jobs' first tokens wait for them (ADAPTIVE.md, item 31).
+    # and its new jobs' first tokens wait for them.
     policy = build_policy("adaptive", {"credit_below_saturation": "none"})
     s = (step(now=10.0, free_blocks=8)
          .waiting("new", job="n", arrive=9.5, prompt=16)

@@ -35,8 +35,8 @@ def test_an_idle_engine_leaves_the_api_server_its_full_pace() -> None:
 
 def test_a_request_sent_while_the_engine_computes_reaches_it_mostly_after() -> None:
     # 20 ms of work at a quarter pace during a 40 ms step: 10 ms done, 10 ms left
-    # once the engine goes idle (the CPU engine: sent while it computed, reached
-    # a median 10 ms after it went idle).
+    # once the engine goes idle (as on the CPU engine, where a request sent while
+    # it computes reaches it a median 10 ms after it goes idle).
     arrivals = Arrivals(FrontEnd(delay_s=0.02, busy_rate=0.25))
     arrivals.send(0.0, job_index=0, turn_index=0)
     arrivals.advance(0.04, busy=True)
