@@ -58,7 +58,7 @@ from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
 from benchmarks.engine.prefill_share import PrefillShareSampler, saturated_at
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
 from sidecar.policies.adaptive.waiting import CACHE_AT_LATE_ANSWER_SHARE
-from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
+from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "engine"

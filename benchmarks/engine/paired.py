@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
+from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS
 
 Round = dict[str, dict[str, Any]]  # policy -> that policy's result in one round
 
