@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
+from benchmarks.common.engine_runs import late_answer_share, median_answer_lag_steps
 from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
 from benchmarks.twin.lag import DrawnLag, fit, replay
 from benchmarks.twin.simulator import _answer_every_report
