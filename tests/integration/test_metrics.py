@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,7 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
     works = reports(random.Random(3), 200)
     stream_may_end = threading.Event()
 
-    def session():  # type: ignore[no-untyped-def]
+    def session() -> Iterator[pb.StepReport]:
         for seq, work in enumerate(works, start=1):
             yield pb.StepReport(
                 engine_id="pod-a", seq=seq, snapshot=seq == 1, now_s=0.05 * seq, kv=KV,
