@@ -6,7 +6,7 @@ pins, their tools' measured distributions), then on_finish for 4
 finished requests with measured tool-time distributions. This is the daemon's pure
 decision cost, without gRPC or the runtime's bookkeeping.
 
-    .venv/bin/python benchmarks/policy_decision.py [--iterations 2000] [--json]
+    .venv/bin/python benchmarks/policy_decision.py [--iterations 2000] [--json] [--out F.json]
 
 The budget is well under 1 ms per step (the engine's exchange deadline is a few ms).
 """
@@ -192,7 +192,7 @@ def main() -> None:
         for label, (name, params) in POLICIES.items()
     }
     if args.out is not None:
-        write_result(args.out, {"command": "python -m benchmarks.policy_decision "
+        write_result(args.out, {"command": "python benchmarks/policy_decision.py "
                                 + " ".join(sys.argv[1:]), "iterations": args.iterations,
                                 "policies": results})
     if args.json:
