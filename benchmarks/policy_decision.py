@@ -6,7 +6,7 @@ pins, their tools' measured distributions), then on_finish for 4
 finished requests with measured tool-time distributions. This is the daemon's pure
 decision cost, without gRPC or the runtime's bookkeeping.
 
-    .venv/bin/python benchmarks/policy_decision.py [--iterations 2000] [--json]
+    .venv/bin/python benchmarks/policy_decision.py [--iterations 2000] [--json] [--out F.json]
 
 The budget is well under 1 ms per step (the engine's exchange deadline is a few ms).
 """
@@ -17,7 +17,6 @@ import argparse
 import gc
 import json
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common.results import write_result
+from benchmarks.common.stats import percentile
 from sidecar.estimators.sketch import LogBucketSketch, add_increments
 from sidecar.framework.protocols import Policy
 from sidecar.framework.types import (
@@ -143,11 +144,10 @@ def time_us(action: Callable[[], object], iterations: int) -> list[float]:
 
 
 def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
     return {
-        "p50_us": statistics.median(ordered),
-        "p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "max_us": ordered[-1],
+        "p50_us": percentile(samples, 0.5),
+        "p99_us": percentile(samples, 0.99),
+        "max_us": max(samples),
     }
 
 
@@ -184,12 +184,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--json", action="store_true", help="print raw JSON")
+    parser.add_argument("--out", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args()
     step, finishes = build_workload()
     results = {
         label: bench(build_policy(name, params), step, finishes, args.iterations)
         for label, (name, params) in POLICIES.items()
     }
+    if args.out is not None:
+        write_result(args.out, {"command": "python benchmarks/policy_decision.py "
+                                + " ".join(sys.argv[1:]), "iterations": args.iterations,
+                                "policies": results})
     if args.json:
         print(json.dumps(results, indent=2))
         return

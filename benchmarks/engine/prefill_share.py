@@ -17,37 +17,13 @@ of a round may go unsampled.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from benchmarks.common.engine_runs import summarize_prefill_share
+
 PREFILL_SHARE_GAUGE = "kvtether_engine_prefill_time_ratio"
-
-
-def saturated_at(policy: str) -> float:
-    """The share at which ``policy`` (``name[@KEY=VALUE...]``) counts the engine as
-    saturated: its ``saturated_prefill_share`` if the spec sets one, else the adaptive
-    policy's default, so a baseline's rounds say what adaptive would have called them."""
-    from sidecar.policies.adaptive.policy import AdaptiveParams
-
-    for override in policy.split("@")[1:]:
-        key, _, value = override.partition("=")
-        if key == "saturated_prefill_share":
-            return float(value)
-    default = AdaptiveParams.model_fields["saturated_prefill_share"].default
-    return float(default)
-
-
-def summarize(samples: Sequence[float], threshold: float) -> dict[str, float] | None:
-    """A round's samples of the share: their mean, median and maximum, and the fraction
-    of them at or above ``threshold`` (``time_saturated``, the samples being evenly
-    spaced). None where the round has no sample."""
-    if not samples:
-        return None
-    return {"mean": statistics.mean(samples), "p50": statistics.median(samples),
-            "max": max(samples), "saturated_at": threshold,
-            "time_saturated": sum(share >= threshold for share in samples) / len(samples)}
 
 
 class PrefillShareSampler(threading.Thread):
@@ -73,4 +49,4 @@ class PrefillShareSampler(threading.Thread):
         """Stop sampling and summarize the round."""
         self.stop.set()
         self.join()
-        return summarize(self.samples, threshold)
+        return summarize_prefill_share(self.samples, threshold)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from benchmarks.common.stats import percentile
+
 
 def engine_timings_s(answer: Any) -> dict[str, float]:
     """A request's wait in vLLM's queue and for its first token, from the per-request
@@ -28,14 +30,12 @@ def mean_or_none(values: list[float | None]) -> float | None:
 
 
 def distribution(values: list[float | None]) -> dict[str, float] | None:
-    """Mean, median, 95th and 99th percentiles (nearest rank) and maximum; None
-    where a request lacks the figure (a server without per-request metrics)."""
+    """Mean, median, 95th and 99th percentiles (:func:`benchmarks.common.stats.
+    percentile`) and maximum; None where a request lacks the figure (a server without
+    per-request metrics)."""
     if not values or any(v is None for v in values):
         return None
-    ordered = sorted(v for v in values if v is not None)
-
-    def rank(share: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
-
-    return {"avg": statistics.mean(ordered), "p50": rank(0.5), "p95": rank(0.95),
-            "p99": rank(0.99), "max": ordered[-1]}
+    present = [v for v in values if v is not None]
+    return {"avg": statistics.mean(present), "p50": percentile(present, 0.5),
+            "p95": percentile(present, 0.95), "p99": percentile(present, 0.99),
+            "max": max(present)}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import subprocess
@@ -37,7 +36,8 @@ from typing import Any
 import grpc
 import psutil
 
-from benchmarks.machine import git_rev, machine
+from benchmarks.common.results import write_result
+from benchmarks.common.stats import percentile
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc, inspect_pb2, inspect_pb2_grpc
 from tests.support.daemon import serve_command, wait_serving
@@ -176,15 +176,10 @@ def _cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def _summary(latencies_s: list[float], duration_s: float) -> dict[str, float]:
     return {"reports": len(latencies_s), "reports_per_s": len(latencies_s) / duration_s,
-            "p50_ms": _quantile(latencies_s, 0.5) * 1e3,
-            "p99_ms": _quantile(latencies_s, 0.99) * 1e3,
+            "p50_ms": percentile(latencies_s, 0.5) * 1e3,
+            "p99_ms": percentile(latencies_s, 0.99) * 1e3,
             "max_ms": max(latencies_s, default=float("nan")) * 1e3}
 
 
@@ -283,18 +278,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{inspected[key]:>12.{3 if key == 'daemon_cpu_share' else 1}f}")
     list_s = inspection.list_s
     print(f"ListJobs(limit={LIST_LIMIT}): {len(list_s)} calls, {inspection.jobs_listed} jobs "
-          f"a page, p50 {_quantile(list_s, 0.5) * 1e3:.1f} ms, "
+          f"a page, p50 {percentile(list_s, 0.5) * 1e3:.1f} ms, "
           f"max {max(list_s, default=0) * 1e3:.1f} ms, {len(inspection.list_errors)} errors "
           f"{sorted(set(inspection.list_errors))[:2]}")
     print(f"watchers dropped by the daemon: {dropped:g}")
     ratio = inspected["p99_ms"] / quiet["p99_ms"]
     print(f"inspected / quiet p99: {ratio:.2f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, {
         "command": "python -m benchmarks.inspect_load " + " ".join(
             argv if argv is not None else sys.argv[1:]),
-        "kvtether_git_rev": git_rev(), "machine": machine(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "latency": "engine side: round trip from writing a report to reading its decision",
         "engines": args.engines, "pins": args.engines * args.pins_per_engine,
         "step_interval_s": args.step_interval_s, "phase_s": args.phase_s,
@@ -302,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         "list_limit": LIST_LIMIT, "quiet": quiet, "inspected": inspected,
         "p99_ratio": ratio,
         "list_jobs": {"calls": len(list_s), "jobs_per_page": inspection.jobs_listed,
-                      "p50_ms": _quantile(list_s, 0.5) * 1e3,
+                      "p50_ms": percentile(list_s, 0.5) * 1e3,
                       "max_ms": max(list_s, default=float("nan")) * 1e3,
                       "errors": len(inspection.list_errors)},
-        "watchers_dropped": dropped}, indent=1) + "\n")
+        "watchers_dropped": dropped})
     return 0
 

@@ -19,7 +19,6 @@ benchmarks/results/memory_soak/memory_soak.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import threading
@@ -30,7 +29,7 @@ from typing import Any
 import psutil
 
 from benchmarks.churn.__main__ import KV, daemon, run_engine
-from benchmarks.machine import git_rev, machine
+from benchmarks.common.results import write_result
 from sidecar.api.v1 import engine_session_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,12 +187,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['max_rss_mib']:.1f} MiB after the warm-up): "
           f"{summary['growth_after_warmup']:+.1%} -> "
           f"{'flat' if summary['flat'] else 'GROWS'} (tolerance {args.tolerance:.0%})")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, {
         "command": "python -m benchmarks.memory_soak " + " ".join(
             argv if argv is not None else sys.argv[1:]),
-        "kvtether_git_rev": git_rev(), "machine": machine(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "store": "redis" if args.redis_url else "embedded",
         "settings": {"max_jobs_tracked": args.max_jobs_tracked,
                      "embedded_max_histories": args.max_histories or None,
@@ -201,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "cycles": cycles, "cycle_s": args.cycle_s, "engines_per_cycle": args.engines,
         "live_requests": args.live_requests, "jobs_per_engine": jobs_per_engine,
         "engines": progress["engines"], "one_request_jobs": progress["one_request_jobs"],
-        "summary": summary, "samples": sampler.samples}, indent=1) + "\n")
+        "summary": summary, "samples": sampler.samples})
     return 0
 
 

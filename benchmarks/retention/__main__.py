@@ -10,13 +10,13 @@ benchmarks/retention/pool_overhead.py for the block pool's own cost.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common.results import write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "retention"
@@ -70,13 +70,11 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     document = {
         "command": ".venv/bin/python -m benchmarks.retention",
-        "platform": platform.platform(),
-        "python": platform.python_version(),
         "wall_s": round(time.monotonic() - started, 1),
         "results": results,
         "pool_overhead": overhead,
     }
-    (OUT / "retention_flood.json").write_text(json.dumps(document, indent=2) + "\n")
+    write_result(OUT / "retention_flood.json", document)
     _plot(results, OUT / "retention_flood.png")
     header = (f"{'scenario':<9} {'mode':<7} {'hit rate':>8} {'turns hit':>9} {'system':>6} "
               f"{'TTFT steps':>10} {'TTFT ms':>8} {'p95 ms':>7} {'flood ms':>9} "

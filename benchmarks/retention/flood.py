@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.common.stats import percentile
+
 MODES = ("none", "xargs", "pushed")
 
 
@@ -186,11 +188,6 @@ def run_mode(scenario: Scenario, mode: str, model_dir: Any, daemon_address: str,
         sched.shutdown()
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def summarize(run: Run) -> dict[str, Any]:
     later_turns = [t for t in run.tracked.values() if t.kind == "session" and t.turn > 0]
     flood = [t for t in run.tracked.values() if t.kind == "flood"]
@@ -198,9 +195,9 @@ def summarize(run: Run) -> dict[str, Any]:
     def ttft(items: list[Tracked]) -> dict[str, float]:
         steps = [float(t.first_token_step) for t in items]
         ms = [t.first_token_ms for t in items]
-        return {"steps_mean": statistics.fmean(steps), "steps_p50": _percentile(steps, 0.5),
+        return {"steps_mean": statistics.fmean(steps), "steps_p50": percentile(steps, 0.5),
                 "steps_max": max(steps), "ms_mean": statistics.fmean(ms),
-                "ms_p50": _percentile(ms, 0.5), "ms_p95": _percentile(ms, 0.95)}
+                "ms_p50": percentile(ms, 0.5), "ms_p95": percentile(ms, 0.95)}
 
     pool = run.sched.kv_cache_manager.block_pool
     return {

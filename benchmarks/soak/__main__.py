@@ -3,7 +3,7 @@ pace of real engines, for minutes.
 
     .venv/bin/python -m benchmarks.soak [--minutes 10] [--engines 16] [--steps-per-s 30]
 
-Each engine is a process with its own Session stream (benchmarks/soak/workload.py:
+Each engine is a process with its own Session stream (tests/support/simulated_engine.py:
 agent jobs arrive, are admitted, decode, finish calling tools and come back; the
 engine applies the daemon's priorities and pins). An orchestrator pushes retention
 directives meanwhile. Writes benchmarks/results/soak/soak.json and soak.png and prints
@@ -15,9 +15,7 @@ Redis operations per report, Redis memory per job and per tool.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import platform
 import queue
 import random
 import subprocess
@@ -35,15 +33,16 @@ from typing import Any
 import grpc
 import redis
 
-from benchmarks.machine import machine
+from benchmarks.common.results import write_result
+from benchmarks.common.stats import percentile
 from benchmarks.soak.engines import run_engine
 from benchmarks.soak.monitor import Monitor
 from benchmarks.soak.report import per_minute, plot, redis_ops_per_report
-from benchmarks.soak.workload import EngineCounters, WorkloadShape
 from sidecar.api.v1 import retention_pb2, retention_pb2_grpc
 from sidecar.store import keys
 from tests.support.daemon import serve_command, wait_serving
 from tests.support.redis_server import free_port, redis_binary
+from tests.support.simulated_engine import EngineCounters, WorkloadShape
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "soak"
@@ -117,12 +116,9 @@ def _memory_per_key(client: redis.Redis, pattern: str, limit: int = 300) -> dict
 
 
 def _versions() -> dict[str, str]:
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip()
     server = subprocess.run(["redis-server", "--version"], capture_output=True,
                             text=True).stdout.split()
-    return {"kvtether_rev": rev, "python": platform.python_version(),
-            "grpcio": version("grpcio"), "redis_py": version("redis"),
+    return {"grpcio": version("grpcio"), "redis_py": version("redis"),
             "redis_server": next((part.removeprefix("v=") for part in server
                                   if part.startswith("v=")), "?")}
 
@@ -242,7 +238,6 @@ def main() -> int:
     result: dict[str, Any] = {
         "command": "python -m benchmarks.soak " + " ".join(sys.argv[1:]),
         "versions": _versions(),
-        "machine": machine(),
         "config": {"minutes": args.minutes, "engines": args.engines,
                    "steps_per_s": args.steps_per_s, "policy": args.policy,
                    "directives_per_s": args.directives_per_s, "workload": asdict(shape),
@@ -283,18 +278,14 @@ def main() -> int:
         "engines_start_s": engines_start_s,
         "samples": samples,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = write_result(args.out / "soak.json", result)
     plot(result, str(args.out / "soak.png"))
     _print(result, args.out)
     return 0 if errors["total"] == 0 else 1
 
 
 def _p(values: list[float], q: float) -> float | None:
-    from benchmarks.soak.report import quantile
-
-    found = quantile(sorted(values), q)
-    return None if found is None else found * 1000
+    return percentile(values, q) * 1000 if values else None
 
 
 def _print(result: dict[str, Any], out: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from benchmarks.soak.workload import SimulatedEngine, WorkloadShape
 from sidecar.api.v1 import engine_session_pb2_grpc
+from tests.support.simulated_engine import SimulatedEngine, WorkloadShape
 
 # A real engine would have fallen back to vLLM's own scheduling long before: here an
 # answer this late is an error, and the engine opens a new stream.

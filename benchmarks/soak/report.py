@@ -8,16 +8,11 @@ import math
 from array import array
 from typing import Any
 
+from benchmarks.common.stats import percentile
+
 # Commands the soak's own monitoring sends to Redis: not the daemon's load.
 MONITOR_COMMANDS = {"info", "memory|usage", "scan", "dbsize", "ping", "config|get",
                     "config|resetstat", "client|setinfo", "hello", "flushall"}
-
-
-def quantile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
 
 
 def histogram_quantile(q: float, before: dict[str, float], after: dict[str, float]
@@ -83,8 +78,8 @@ def per_minute(results: list[dict[str, Any]], samples: list[dict[str, Any]],
             "minute": minute + 1,
             "reports": len(values),
             "reports_per_s": len(values) / covered_s,
-            "client_latency_ms_p50": _ms(quantile(values, 0.50)),
-            "client_latency_ms_p99": _ms(quantile(values, 0.99)),
+            "client_latency_ms_p50": _ms(percentile(values, 0.50) if values else None),
+            "client_latency_ms_p99": _ms(percentile(values, 0.99) if values else None),
             "client_latency_ms_max": _ms(values[-1] if values else None),
             "daemon_rss_mib_end": end["daemon_rss_bytes"] / 2**20,
             "daemon_cpu_percent": 100 * (end["daemon_cpu_s"] - start["daemon_cpu_s"]) / dt,

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -15,7 +12,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.results import describe_machine, provenance, write_json, write_result
 from benchmarks.twin import workload as wl
+from benchmarks.twin.calibration import calibrate_once
+from benchmarks.twin.point import make_workload, run_point
 from benchmarks.twin.steptime import LLAMA_31_8B, RTX_5090, Efficiency, StepTimeModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,69 +44,6 @@ def _efficiency(args: argparse.Namespace) -> Efficiency:
     return replace(eff, **changes)
 
 
-def make_workload(kind: str, jobs_per_s: float, seed: int, duration_s: float | None,
-                  num_jobs: int | None, answer_agreement: float) -> wl.Workload:
-    return wl.generate(kind, jobs_per_s, seed=seed, duration_s=duration_s, num_jobs=num_jobs,
-                       answer_agreement=answer_agreement)
-
-
-def run_point(workload: wl.Workload, policy: str, jobs_per_s: float, num_blocks: int,
-              efficiency: Efficiency, params: Sequence[str] = (),
-              progress: bool = False) -> tuple[dict[str, Any], float]:
-    """One simulation; the result (reference schema + extras) and its wall time."""
-    from benchmarks.twin.daemon import learned_step_costs, running_daemon
-    from benchmarks.twin.metrics import summarize
-    from benchmarks.twin.simulator import EngineConfig, VirtualClock, build_engine, simulate
-
-    config = EngineConfig(num_blocks=num_blocks)
-    if workload.max_context_tokens > config.max_model_len:
-        raise SystemExit(f"workload: a context of {workload.max_context_tokens} tokens "
-                         f"exceeds max_model_len {config.max_model_len}")
-    step_model = StepTimeModel.derive(RTX_5090, LLAMA_31_8B, efficiency)
-    clock = VirtualClock()
-    say = (lambda line: print(f"  [{policy} {jobs_per_s:g} jps] {line}", file=sys.stderr,
-                              flush=True)) if progress else None
-    learned: list[dict[str, Any]] = []
-    if policy == "native":
-        scheduler = build_engine(policy, config, clock, None)
-        result = simulate(workload, scheduler, step_model, config, clock, progress=say)
-    else:
-        with running_daemon(policy, params) as daemon:
-            scheduler = build_engine(policy, config, clock, daemon.address)
-            try:
-                result = simulate(workload, scheduler, step_model, config, clock,
-                                  progress=say)
-                learned = learned_step_costs(daemon.address)
-            finally:
-                scheduler.shutdown()
-    fallback_steps = result.plugin_counters.get("fallback_steps", 0)
-    if fallback_steps:
-        raise RuntimeError(f"{policy} at {jobs_per_s:g} jobs/s: {fallback_steps} steps ran "
-                           "without the daemon's decision: not a measurement of the policy")
-    summary = summarize(result, policy, jobs_per_s)
-    # What the daemon learned a step costs, against the model that timed the steps.
-    summary["learned_step_cost"] = learned
-    summary["setup"] = {
-        "workload": workload.name,
-        "workload_generator": workload.generator,
-        "policy_params": list(params),
-        "engine": asdict(config),
-        "gpu": asdict(RTX_5090),
-        "model": LLAMA_31_8B.name,
-        "efficiency": asdict(efficiency),
-        "step_time_model": step_model.as_dict(),
-    }
-    return summary, result.wall_s
-
-
-def _write_json(path: Path, data: Any, compact: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=1)
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     if args.workload is not None:
         workload = wl.load(args.workload)
@@ -119,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary, wall_s = run_point(workload, args.policy, jobs_per_s, args.blocks,
                                 _efficiency(args), args.param, progress=not args.quiet)
     if args.out is not None:
-        _write_json(args.out, summary, compact=True)
+        write_json(args.out, summary, compact=True)
     brief = {k: summary[k] for k in ("policy", "jps", "num_jobs", "avg_duration_s",
                                      "median_duration_s", "p90_duration_s", "p95_duration_s",
                                      "prefix_cache_hit_rate", "preemptions",
@@ -131,32 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 # --- sweep ----------------------------------------------------------------------------
 
 def machine_info() -> dict[str, Any]:
+    """What a sweep or calibration ran with and on: :func:`provenance` and vLLM's version."""
     import vllm
 
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dirty = bool(git("status", "--porcelain"))
-    return {
-        "kvtether_git_rev": git("rev-parse", "HEAD") + ("+dirty" if dirty else ""),
-        "vllm": vllm.__version__,
-        "python": platform.python_version(),
-        "machine": f"{platform.system()} {platform.machine()}, {cpu}, "
-                   f"{os.cpu_count()} CPUs",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return {**provenance(), "vllm": vllm.__version__}
 
 
 def _point_path(out_dir: Path, label: str, blocks: int, policy: str, jps: float) -> Path:
@@ -191,9 +106,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 summary, _ = run_point(workload, policy, jps, blocks, efficiency,
                                        progress=args.progress)
                 elapsed = time.perf_counter() - started
-                _write_json(path, summary, compact=True)
+                write_json(path, summary, compact=True)
                 timings[f"blocks{blocks}/{policy}-{jps:g}jps"] = round(elapsed, 1)
-                _write_json(timings_path, timings)
+                write_json(timings_path, timings)
                 print(f"{label} blocks={blocks} {policy:12s} {jps:5g} jps: avg "
                       f"{summary['avg_duration_s']} s, hit {summary['prefix_cache_hit_rate']}, "
                       f"preemptions {summary['preemptions']}  ({elapsed:.0f} s)", flush=True)
@@ -205,7 +120,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # Every invocation that wrote points here, in order (a label fills up over several).
     meta["runs"].append({"command": command, **machine_info(), "policies": list(args.policies),
                          "jps": list(jps_list), "blocks": list(blocks_list)})
-    _write_json(meta_path, meta)
+    write_json(meta_path, meta)
     _render(out_dir, label)
     return 0
 
@@ -228,69 +143,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 # --- calibration ----------------------------------------------------------------------
 
-# DESIGN.md "Measuring": FCFS on one RTX 5090 (reference A/B benchmark).
-CALIBRATION_TARGETS: dict[float, dict[str, Any]] = {
-    2.0: {"num_jobs": 206, "avg_duration_s": 6.65, "median_duration_s": 6.63},
-    8.0: {"num_jobs": 756, "avg_duration_s": 14.10, "median_duration_s": 14.33,
-          "p90_duration_s": 17.02, "p95_duration_s": 17.54,
-          "per_turn_avg_latency_ms": {"1": 1263, "2": 735, "3": 574, "4": 1005, "5": 749,
-                                      "6": 641, "7": 3732, "8": 1236}},
-}
-
-
-def calibration_rows(results: dict[float, dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for jps, target in CALIBRATION_TARGETS.items():
-        got = results.get(jps)
-        if got is None:
-            continue
-        for key, want in target.items():
-            if key == "num_jobs":
-                continue
-            if isinstance(want, dict):
-                for turn, value in want.items():
-                    twin = got[key][turn]
-                    rows.append({"jps": jps, "figure": f"turn {turn} latency ms "
-                                 f"({got['per_turn_avg_prompt_tokens'][turn]} tokens)",
-                                 "target": value, "twin": twin,
-                                 "off_pct": round(100 * (twin - value) / value, 1)})
-            else:
-                twin = got[key]
-                rows.append({"jps": jps, "figure": key, "target": want, "twin": twin,
-                             "off_pct": round(100 * (twin - want) / want, 1)})
-    return rows
-
-
-def calibrate_once(policy: str, agreement: float, seed: int, efficiency: Efficiency,
-                   progress: bool = False) -> dict[str, Any]:
-    results: dict[float, dict[str, Any]] = {}
-    for jps, target in CALIBRATION_TARGETS.items():
-        workload = make_workload("reference", jps, seed, None, target["num_jobs"], agreement)
-        summary, wall_s = run_point(workload, policy, jps, 5402, efficiency, progress=progress)
-        summary["wall_s"] = round(wall_s, 1)
-        results[jps] = summary
-    rows = calibration_rows(results)
-    return {
-        "policy": policy,
-        "answer_agreement": agreement,
-        "seed": seed,
-        "rows": rows,
-        "within_10_pct": sum(1 for r in rows if abs(r["off_pct"]) <= 10),
-        "figures": len(rows),
-        "mean_abs_off_pct": round(sum(abs(r["off_pct"]) for r in rows) / len(rows), 1),
-        "runs": {str(jps): {k: r[k] for k in (
-            "num_jobs", "avg_duration_s", "median_duration_s", "p90_duration_s",
-            "p95_duration_s", "per_turn_avg_latency_ms", "per_turn_avg_prompt_tokens",
-            "prefix_cache_hit_rate", "preemptions", "kv_usage_avg", "jobs_in_flight_avg",
-            "jobs_in_flight_max", "wall_s")} for jps, r in results.items()},
-    }
-
-
 def _calibration_markdown(report: dict[str, Any]) -> str:
     lines = ["# FCFS calibration of the twin", "",
              f"- command: `{report['command']}`",
              f"- kvtether {report['kvtether_git_rev']}, vLLM {report['vllm']}, "
-             f"Python {report['python']}; {report['machine']}; {report['date_utc']}",
+             f"Python {report['python']}; {describe_machine(report['machine'])}; "
+             f"{report['date_utc']}",
              f"- step-time model: {json.dumps(report['step_time_model'])}",
              f"- efficiencies: {json.dumps(report['efficiency'])}",
              f"- answer lengths (tokens, mean per turn): "
@@ -339,7 +197,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "step_time_model": step_model.as_dict(),
         "answer_tokens": {k + 1: spec.output_tokens_mean
                           for k, spec in enumerate(wl.REFERENCE_TURNS)},
-        **machine_info(),
+        "vllm": machine_info()["vllm"],
         "command": "python -m benchmarks.twin " + " ".join(sys.argv[1:]),
     }
     for case in cases:
@@ -352,8 +210,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"{case['within_10_pct']}/{case['figures']} figures within 10%\n")
     if args.out_dir is not None:
         name = f"calibration-{args.policy}"
-        _write_json(args.out_dir / f"{name}.json", report)
-        (args.out_dir / f"{name}.md").write_text(_calibration_markdown(report))
+        document = write_result(args.out_dir / f"{name}.json", report)
+        (args.out_dir / f"{name}.md").write_text(_calibration_markdown(document))
     return 0
 
 
@@ -583,7 +441,7 @@ def cmd_cpu(args: argparse.Namespace) -> int:
     runs = compare(setup, policies, range(args.seeds), say=say)
     print(report(setup, runs, policies[0]))
     if args.out is not None:
-        _write_json(args.out, result_json(setup, runs))
+        write_result(args.out, result_json(setup, runs))
     return 0
 
 

@@ -127,7 +127,7 @@ class CpuSetup:
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"{run_path}: not an engine benchmark result with a "
                              f"{baseline!r} run ({error})") from error
-        from benchmarks.engine.paired import median_answer_lag_steps
+        from benchmarks.common.engine_runs import median_answer_lag_steps
 
         outside_s = outside_scheduler_s(run)
         # The twin applies an answer at the next step; the engine's median lag less that.
@@ -235,14 +235,14 @@ def outside_scheduler_s(run: dict[str, Any]) -> float | None:
     so it holds the request's wait in the API server, which is the twin's API server's
     (frontend.py): the FCFS requests of a saturated 9x run took 51.5 ms outside e2e and
     181.5 ms outside the scheduler. Runs without the three phases: outside e2e."""
-    from benchmarks.engine.paired import _outside_vllm_s
+    from benchmarks.common.engine_runs import outside_vllm_s
 
     client_s = run.get("client_request_mean_s")
     phases = run.get("vllm_mean_s") or {}
     if client_s is not None and all(phases.get(phase) is not None
                                     for phase in ("queue", "prefill", "decode")):
         return float(client_s - phases["queue"] - phases["prefill"] - phases["decode"])
-    return _outside_vllm_s(run)
+    return outside_vllm_s(run)
 
 
 def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
@@ -254,7 +254,7 @@ def _per_policy(data: dict[str, Any], key: str) -> dict[str, float]:
 def _answer_lags(run: dict[str, Any]) -> list[float] | None:
     """A run's answers by lag as a list (index: steps late), or None where it recorded
     none."""
-    from benchmarks.engine.paired import answers_by_lag
+    from benchmarks.common.engine_runs import answers_by_lag
 
     by_lag = answers_by_lag(run)
     if sum(by_lag.values()) <= 0:
@@ -317,7 +317,7 @@ def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
     engine benchmark summarizes the gauge it samples (``benchmarks.engine.
     prefill_share``): mean, median, maximum and the time at or above the policy's
     ``saturated_prefill_share``. None without a learned cost or a prompt token."""
-    from benchmarks.engine.prefill_share import saturated_at, summarize
+    from benchmarks.common.engine_runs import saturated_at, summarize_prefill_share
     from sidecar.runtime.steptime import PrefillRate
 
     if not learned_s_per_token or not tokens_by_s:
@@ -329,7 +329,7 @@ def prefill_share(tokens_by_s: Sequence[int], learned_s_per_token: float | None,
         rate.add(float(second), tokens)
         per_s = rate.per_s()
         shares.append(0.0 if per_s is None else per_s * learned_s_per_token)
-    return summarize(shares, saturated_at(policy))
+    return summarize_prefill_share(shares, saturated_at(policy))
 
 
 def with_api_delay(setup: CpuSetup, seeds: Sequence[int], say: Any = None,
@@ -397,7 +397,7 @@ def report(setup: CpuSetup, runs: dict[str, list[dict[str, Any]]], baseline: str
     and, paired by seed with the baseline's (mean +- standard error), its average job
     and the prompt token's cost the daemon learned (as ``benchmarks.engine.paired``
     prints the engine's)."""
-    from benchmarks.engine.paired import estimate
+    from benchmarks.common.stats import estimate
 
     lines = [f"twin, vLLM CPU setup: {setup.blocks} blocks of {setup.block_tokens} tokens, "
              f"{setup.jobs} {setup.kind} jobs at {setup.jobs_per_s:g}/s x{setup.scale:g}, "

@@ -32,7 +32,7 @@ TARGET_TURN_MS = {"1": 1263, "2": 735, "3": 574, "4": 1005, "5": 749, "6": 641, 
 
 
 def _point(job: tuple[float, int, dict[str, float], dict[str, Any]]) -> tuple[float, Any]:
-    from benchmarks.twin.cli import run_point
+    from benchmarks.twin.point import run_point
     from benchmarks.twin.workload import generate
 
     jps, num_jobs, efficiency, workload_args = job
@@ -52,7 +52,7 @@ def evaluate(pool: ProcessPoolExecutor, efficiency: Efficiency, answer_tokens: d
 def loss(results: dict[float, Any]) -> float:
     """Mean |% off| over the calibration figures (job-duration figures weigh 2, each
     turn's latency 1)."""
-    from benchmarks.twin.cli import calibration_rows
+    from benchmarks.twin.calibration import calibration_rows
 
     rows = calibration_rows(results)
     weights = [1 if r["figure"].startswith("turn") else 2 for r in rows]

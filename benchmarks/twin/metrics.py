@@ -10,24 +10,12 @@ linearly (numpy's default).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.common.stats import percentile
 from benchmarks.twin.simulator import SimResult
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy.percentile's default)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
 
 # TTFT histogram bucket upper edges (ms); the last bucket is open.
 TTFT_BUCKETS_MS = (50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000, 100_000)
@@ -70,8 +58,8 @@ def summarize(result: SimResult, policy: str, jobs_per_s: float) -> dict[str, An
         "jps": jobs_per_s,
         "avg_duration_s": _r(statistics.fmean(durations)) if durations else None,
         "median_duration_s": _r(statistics.median(durations)) if durations else None,
-        "p90_duration_s": _r(percentile(durations, 90)),
-        "p95_duration_s": _r(percentile(durations, 95)),
+        "p90_duration_s": _r(percentile(durations, 0.9)),
+        "p95_duration_s": _r(percentile(durations, 0.95)),
         "per_turn_avg_latency_ms": {
             str(k): round(statistics.fmean(1000 * (t.finish_s - t.arrival_s)
                                            for t in records if t.finish_s is not None))
@@ -83,7 +71,7 @@ def summarize(result: SimResult, policy: str, jobs_per_s: float) -> dict[str, An
         # --- the twin's extras ---
         "num_jobs": len(result.job_arrival_s),
         "completed_jobs": len(durations),
-        "p99_duration_s": _r(percentile(durations, 99)),
+        "p99_duration_s": _r(percentile(durations, 0.99)),
         "max_duration_s": _r(max(durations)) if durations else None,
         "prefix_cache_hit_rate": _r(cached_total / prompt_total, 4) if prompt_total else None,
         "per_turn_prefix_cache_hit_rate": {
@@ -95,10 +83,10 @@ def summarize(result: SimResult, policy: str, jobs_per_s: float) -> dict[str, An
         "preempted_requests": sum(1 for t in turns if t.preemptions),
         "ttft_ms": {
             "avg": round(statistics.fmean(ttft_ms)) if ttft_ms else None,
-            "p50": round(percentile(ttft_ms, 50)),
-            "p90": round(percentile(ttft_ms, 90)),
-            "p95": round(percentile(ttft_ms, 95)),
-            "p99": round(percentile(ttft_ms, 99)),
+            "p50": round(percentile(ttft_ms, 0.5)),
+            "p90": round(percentile(ttft_ms, 0.9)),
+            "p95": round(percentile(ttft_ms, 0.95)),
+            "p99": round(percentile(ttft_ms, 0.99)),
             "max": round(max(ttft_ms)) if ttft_ms else None,
         },
         "ttft_ms_histogram": histogram(ttft_ms, TTFT_BUCKETS_MS),

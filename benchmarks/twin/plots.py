@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.results import describe_machine
+
 
 def load_points(out_dir: Path, label: str) -> list[dict[str, Any]]:
     points = []
@@ -38,7 +40,8 @@ def write_summary(out_dir: Path, label: str) -> None:
     lines = [f"# Twin sweep `{label}`", ""]
     for run in meta.get("runs", []):
         lines += [f"- `{run['command']}`: kvtether {run['kvtether_git_rev']}, vLLM "
-                  f"{run['vllm']}, Python {run['python']}; {run['machine']}; {run['date_utc']}"]
+                  f"{run['vllm']}, Python {run['python']}; "
+                  f"{describe_machine(run['machine'])}; {run['date_utc']}"]
     lines.append("")
     for blocks in sorted(table):
         policies = table[blocks]

@@ -100,7 +100,7 @@ class Policy(
         priority instead of held, so that no allocation waits on the daemon's
         answer (vllm_plugin/provisional.py). Asked once per decision.
         ``late_answer_share``: the share of the engine's recent answers it applied
-        3 or more steps after their report (sidecar/runtime/answer_lag.py; None
+        3 or more steps after their report (sidecar/telemetry/answer_lag.py; None
         before any): how long what it holds waits on an answer."""
         ...
 

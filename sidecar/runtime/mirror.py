@@ -18,9 +18,9 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import retention_pb2
 from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
-from sidecar.runtime.answer_lag import RecentAnswerLags
 from sidecar.runtime.pin_outcomes import PinOutcomes
 from sidecar.runtime.steptime import PrefillRate
+from sidecar.telemetry.answer_lag import RecentAnswerLags
 
 _STATE = {
     pb.REQUEST_STATE_UNSPECIFIED: RequestState.WAITING,

@@ -1,1 +1,1 @@
-"""Metrics and logs of the daemon."""
+"""What the daemon measures of itself and its engines, and its metrics and logs."""

@@ -15,7 +15,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from sidecar.runtime.answer_lag import LATE_ANSWER_STEPS, WINDOW_ANSWERS
+from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS, WINDOW_ANSWERS
 from sidecar.telemetry.cpu_wait import ThreadCpuWait
 
 # ``*_created`` series double the exposition and no dashboard reads them.
@@ -142,7 +142,7 @@ ENGINE_ANSWERS_BY_LAG = Gauge(
     registry=REGISTRY,
 )
 # What adaptive's provisional_cache=auto reads: while a tenth or more of an engine's
-# recent answers land late it caches finished turns (sidecar/runtime/answer_lag.py).
+# recent answers land late it caches finished turns (sidecar/telemetry/answer_lag.py).
 ENGINE_LATE_ANSWER_SHARE = Gauge(
     "kvtether_engine_late_answer_share",
     f"Share of the engine's last {WINDOW_ANSWERS} answers it applied {LATE_ANSWER_STEPS} "

@@ -95,7 +95,7 @@ def ensure_policy(engine: LiveEngine, policy: str, *params: str) -> None:
     wait_for_daemon_engine(engine)
 
 
-def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine) -> None:  # type: ignore[no-untyped-def]
+def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine: LiveEngine) -> None:
     ensure_policy(engine, "continuum")
     assert kv_usage(engine) == 0.0
     job = agent(engine, "verify-pins", seed=1)
@@ -117,7 +117,7 @@ def test_pins_hold_kv_through_tool_gaps_and_free_it_after_the_last_step(engine) 
     assert hits[0] == 0 and all(hit > 0 for hit in hits[1:]), hits
 
 
-def test_pin_keeps_context_under_a_flood_and_fcfs_does_not(engine) -> None:  # type: ignore[no-untyped-def]
+def test_pin_keeps_context_under_a_flood_and_fcfs_does_not(engine: LiveEngine) -> None:
     hits = {}
     for policy, params in (("continuum", ("fixed_ttl_s=30",)), ("fcfs", ())):
         # A TTL longer than the flood lasts on a loaded CI machine: the comparison is
@@ -164,7 +164,7 @@ def run_jobs(engine: LiveEngine, prefix: str, jobs: int, turns: int,
     return failures
 
 
-def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine) -> None:  # type: ignore[no-untyped-def]
+def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine: LiveEngine) -> None:
     ensure_policy(engine, "continuum")
     drain(engine)
     before = scrape(engine.base_url)
@@ -183,7 +183,7 @@ def test_pressure_preempts_fails_nothing_and_leaks_nothing(engine) -> None:  # t
     assert after[KV_USAGE] == 0.0, "every block is back in the pool after the drain"
 
 
-def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engine) -> None:  # type: ignore[no-untyped-def]
+def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engine: LiveEngine) -> None:
     ensure_policy(engine, "continuum")
 
     def kill_then_revive() -> None:
@@ -200,7 +200,7 @@ def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engine) -> None: 
     drain(engine)
 
 
-def test_bad_vllm_xargs_never_fail_a_request(engine) -> None:  # type: ignore[no-untyped-def]
+def test_bad_vllm_xargs_never_fail_a_request(engine: LiveEngine) -> None:
     ensure_policy(engine, "continuum")
     answer = client(engine).chat.completions.create(
         model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hello"}],
@@ -228,7 +228,7 @@ def _prompt_seconds(api: openai.OpenAI, tag: str, words: int, repeats: int = 5
     return sorted(timings)[len(timings) // 2], tokens
 
 
-def test_the_daemon_learns_what_a_prompt_token_costs_on_this_engine(engine) -> None:  # type: ignore[no-untyped-def]
+def test_the_daemon_learns_what_a_prompt_token_costs_on_this_engine(engine: LiveEngine) -> None:
     ensure_policy(engine, "adaptive")
     api = client(engine)
     # Work of varied shapes: prompts of ~50-1,250 tokens, a few answering at once.

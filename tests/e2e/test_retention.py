@@ -98,7 +98,8 @@ def directives(system_tokens: int) -> list[dict[str, Any]]:
             {"token_start": system_tokens, "priority": 80, "duration_s": CONTEXT_DURATION_S}]
 
 
-def test_directives_keep_sessions_through_a_flood_and_ownership_holds(auth_daemon) -> None:  # type: ignore[no-untyped-def]
+def test_directives_keep_sessions_through_a_flood_and_ownership_holds(
+        auth_daemon: LiveEngine) -> None:
     engine = auth_daemon
     pushed = Session(engine, "ret-pushed", seed=41)
     inline = Session(engine, "ret-xargs", seed=42)

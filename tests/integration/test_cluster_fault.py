@@ -27,12 +27,12 @@ import grpc
 import pytest
 import redis
 
-from benchmarks.soak.workload import SimulatedEngine, WorkloadShape
 from sidecar.api.v1 import engine_session_pb2_grpc, retention_pb2, retention_pb2_grpc
 from sidecar.store import Transition, Write, keys
 from sidecar.store.redis_store import RedisStore
 from tests.support.daemon import running_daemon
 from tests.support.redis_cluster import LocalRedisCluster, redis_cluster
+from tests.support.simulated_engine import SimulatedEngine, WorkloadShape
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
 from tests.support.daemon import (
     DaemonController,
+    DaemonProcess,
     running_daemon,
     serve_command,
     set_autogroup_nice,
@@ -37,12 +39,12 @@ def grpcurl(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def daemon():  # type: ignore[no-untyped-def]
+def daemon() -> Iterator[DaemonProcess]:
     with running_daemon("--policy", "continuum") as process:
         yield process
 
 
-def test_grpcurl_lists_every_service(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_grpcurl_lists_every_service(daemon: DaemonProcess) -> None:
     services = set(grpcurl("-plaintext", daemon.address, "list").split())
     assert services == {
         "kvtether.v1.EngineSession",
@@ -53,7 +55,7 @@ def test_grpcurl_lists_every_service(daemon) -> None:  # type: ignore[no-untyped
     }
 
 
-def test_grpcurl_describes_messages(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_grpcurl_describes_messages(daemon: DaemonProcess) -> None:
     session = grpcurl("-plaintext", daemon.address, "describe", "kvtether.v1.EngineSession")
     assert "rpc Session ( stream .kvtether.v1.StepReport ) returns ( stream " \
            ".kvtether.v1.StepDecision )" in session
@@ -64,7 +66,7 @@ def test_grpcurl_describes_messages(daemon) -> None:  # type: ignore[no-untyped-
     assert "token_start" in directive and "priority" in directive
 
 
-def test_grpcurl_drives_a_step_and_reads_the_policy(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_grpcurl_drives_a_step_and_reads_the_policy(daemon: DaemonProcess) -> None:
     report = {
         "engine_id": "grpcurl-engine", "seq": 1, "snapshot": True, "now_s": 10.0,
         "kv": {"total_blocks": 100, "free_blocks": 80, "block_size_tokens": 16},
@@ -84,7 +86,7 @@ def test_grpcurl_drives_a_step_and_reads_the_policy(daemon) -> None:  # type: ig
     assert "grpcurl-engine" in policy["engines"]
 
 
-def test_health_reports_serving(daemon) -> None:  # type: ignore[no-untyped-def]
+def test_health_reports_serving(daemon: DaemonProcess) -> None:
     answer = json.loads(grpcurl("-plaintext", daemon.address, "grpc.health.v1.Health/Check"))
     assert answer["status"] == "SERVING"
 
@@ -106,7 +108,7 @@ def test_sigterm_flips_health_first_and_lets_in_flight_calls_finish() -> None:
         more = threading.Event()
         done = threading.Event()
 
-        def reports():  # type: ignore[no-untyped-def]
+        def reports() -> Iterator[pb.StepReport]:
             seq = 0
             while True:
                 if outbox:
@@ -192,7 +194,7 @@ def test_unreachable_redis_stops_the_daemon() -> None:
     assert f"127.0.0.1:{dead_port}" in lines[0] and "unreachable" in lines[0]
 
 
-def test_address_in_use_stops_a_second_daemon(daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_address_in_use_stops_a_second_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
     # gRPC would bind a port in use (SO_REUSEPORT) and split the engines' connections
     # between two daemons; a second daemon, or one whose two listeners share a port,
     # must refuse to start instead, naming the setting.

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc, inspect_pb2, inspect_pb2_grpc
+from sidecar.server.app import Daemon
 from tests.support.daemon import running_daemon
 from tests.support.inprocess import inprocess_daemon
 
@@ -30,7 +32,7 @@ def finished(request_id: str, at_s: float, tool: str = "", blocks: int = 16) -> 
 
 
 @pytest.fixture
-async def daemon():  # type: ignore[no-untyped-def]
+async def daemon() -> AsyncIterator[tuple[Daemon, grpc.aio.Channel]]:
     async with inprocess_daemon(policy={"name": "continuum"}) as (daemon, channel):
         yield daemon, channel
 
@@ -49,8 +51,8 @@ class Engine:
         while (report := await self._outbox.get()) is not None:
             yield report
 
-    async def send(  # type: ignore[no-untyped-def]
-        self, snapshot: bool = False, seq: int | None = None, **fields
+    async def send(
+        self, snapshot: bool = False, seq: int | None = None, **fields: Any
     ) -> pb.StepDecision:
         self.seq = self.seq + 1 if seq is None else seq
         fields.setdefault("kv", KV)
@@ -63,7 +65,7 @@ class Engine:
         await self._outbox.put(None)
 
 
-async def test_snapshot_then_deltas_are_decided(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_snapshot_then_deltas_are_decided(daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     _, channel = daemon
     engine = Engine(channel)
     first = await engine.send(snapshot=True, new_requests=[new("r1", "j1", 0.1)])
@@ -73,7 +75,8 @@ async def test_snapshot_then_deltas_are_decided(daemon) -> None:  # type: ignore
     await engine.close()
 
 
-async def test_gap_and_unknown_engine_ask_for_a_snapshot(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_gap_and_unknown_engine_ask_for_a_snapshot(
+        daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     _, channel = daemon
     engine = Engine(channel, "engine-gap")
     # A delta before any snapshot: the daemon knows nothing of this engine.
@@ -89,7 +92,8 @@ async def test_gap_and_unknown_engine_ask_for_a_snapshot(daemon) -> None:  # typ
     await engine.close()
 
 
-async def test_job_fcfs_priorities_and_pin_lifecycle(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_job_fcfs_priorities_and_pin_lifecycle(
+        daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     _, channel = daemon
     engine = Engine(channel, "engine-pins")
     decision = await engine.send(snapshot=True, new_requests=[
@@ -134,7 +138,8 @@ async def test_job_fcfs_priorities_and_pin_lifecycle(daemon) -> None:  # type: i
     await engine.close()
 
 
-async def test_stable_queue_sends_only_new_priorities(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_stable_queue_sends_only_new_priorities(
+        daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     _, channel = daemon
     engine = Engine(channel, "engine-stable")
     waiting = [new(f"r{i}", f"j{i}", float(i)) for i in range(50)]
@@ -166,7 +171,7 @@ async def test_stable_queue_sends_only_new_priorities(daemon) -> None:  # type: 
     ],
 )
 async def test_malformed_reports_are_refused_naming_the_field(
-    daemon, report: pb.StepReport, field: str  # type: ignore[no-untyped-def]
+    daemon: tuple[Daemon, grpc.aio.Channel], report: pb.StepReport, field: str
 ) -> None:
     _, channel = daemon
     stub = engine_session_pb2_grpc.EngineSessionStub(channel)
@@ -176,7 +181,8 @@ async def test_malformed_reports_are_refused_naming_the_field(
     assert refused.value.details().startswith(f"{field}:")
 
 
-async def test_events_for_unknown_requests_are_ignored(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_events_for_unknown_requests_are_ignored(
+        daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     _, channel = daemon
     engine = Engine(channel, "engine-unknown")
     await engine.send(snapshot=True)
@@ -185,7 +191,8 @@ async def test_events_for_unknown_requests_are_ignored(daemon) -> None:  # type:
     await engine.close()
 
 
-async def test_requests_without_a_job_and_parallel_turns_run_clean(daemon) -> None:  # type: ignore[no-untyped-def]
+async def test_requests_without_a_job_and_parallel_turns_run_clean(
+        daemon: tuple[Daemon, grpc.aio.Channel]) -> None:
     # Continuum crashes on both (KeyError on history[-1]); here they are ordinary.
     _, channel = daemon
     engine = Engine(channel, "engine-crash-cases")
@@ -205,7 +212,7 @@ async def test_requests_without_a_job_and_parallel_turns_run_clean(daemon) -> No
 
 
 @pytest.fixture
-async def daemon_process():  # type: ignore[no-untyped-def]
+async def daemon_process() -> AsyncIterator[grpc.aio.Channel]:
     with running_daemon("--policy", "continuum") as process:
         channel = grpc.aio.insecure_channel(process.address)
         yield channel
@@ -221,7 +228,7 @@ async def ended_with(engine: Engine) -> grpc.aio.AioRpcError:
 
 
 async def test_item6_a_newer_session_replaces_the_older_one_whose_deltas_never_apply(
-        daemon_process) -> None:  # type: ignore[no-untyped-def]
+        daemon_process: grpc.aio.Channel) -> None:
     channel = daemon_process
     inspect = inspect_pb2_grpc.InspectStub(channel)
     older = Engine(channel, "shared-id")
@@ -249,7 +256,7 @@ async def test_item6_a_newer_session_replaces_the_older_one_whose_deltas_never_a
 
 
 async def test_item6_unary_step_cannot_touch_an_engine_with_a_live_session(
-        daemon_process) -> None:  # type: ignore[no-untyped-def]
+        daemon_process: grpc.aio.Channel) -> None:
     channel = daemon_process
     engine = Engine(channel, "live-engine")
     await engine.send(snapshot=True, new_requests=[new("r1", "j1", 0.1)])

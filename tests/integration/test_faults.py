@@ -60,7 +60,8 @@ def wait_for_decisions(engine: Engine, timeout_s: float = 5.0) -> float:
         time.sleep(0.05)
 
 
-def test_redis_killed_and_restarted(model_dir, monkeypatch, redis_process) -> None:  # type: ignore[no-untyped-def]
+def test_redis_killed_and_restarted(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch, redis_process: RedisProcess) -> None:
     redis_process.start()
     daemon = DaemonController("--redis-url", redis_process.url)
     daemon.start("continuum")
@@ -103,7 +104,8 @@ def test_redis_killed_and_restarted(model_dir, monkeypatch, redis_process) -> No
         daemon.stop()
 
 
-def test_redis_unreachable_at_daemon_start(model_dir, monkeypatch, redis_process) -> None:  # type: ignore[no-untyped-def]
+def test_redis_unreachable_at_daemon_start(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch, redis_process: RedisProcess) -> None:
     daemon = DaemonController("--redis-url", redis_process.url)
     # Redis is not up: the daemon refuses to start, with one line naming it.
     done = subprocess.run(serve_command("--listen", daemon.address, "--metrics-port", "-1",
@@ -125,7 +127,7 @@ def test_redis_unreachable_at_daemon_start(model_dir, monkeypatch, redis_process
         daemon.stop()
 
 
-def test_daemon_frozen_past_the_deadline(model_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_daemon_frozen_past_the_deadline(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     daemon = DaemonController()
     daemon.start("continuum")
     engine = Engine(model_dir, daemon, monkeypatch, FAIL_MODE="open", DEADLINE_MS="5",

@@ -96,7 +96,7 @@ def channel(daemon: DaemonProcess) -> Iterator[grpc.Channel]:
         yield channel
 
 
-def code_of(call) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+def code_of(call: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     try:
         call()
         return grpc.StatusCode.OK, ""

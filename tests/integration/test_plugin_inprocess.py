@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,11 +22,11 @@ BLOCK = 16
 
 
 @pytest.fixture(scope="module")
-def model_dir():  # type: ignore[no-untyped-def]
+def model_dir() -> Path:
     return tiny_model_dir()
 
 
-def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -98,8 +99,12 @@ class Engine:
         self.sched.shutdown()
 
 
+# The ``engines`` fixture: an Engine with the plugin talking to the given daemon.
+MakeEngine = Callable[..., Engine]
+
+
 @pytest.fixture
-def engines(model_dir, monkeypatch):  # type: ignore[no-untyped-def]
+def engines(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeEngine]:
     made: list[Engine] = []
 
     def make(daemon: DaemonProcess, **kwargs: Any) -> Engine:
@@ -135,7 +140,8 @@ def context(turn: int, length: int = 6 * BLOCK) -> list[int]:
     return [100 + (i % 1500) for i in range(length * turn)]
 
 
-def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum)
     engine.add("t1", context(1), job="agent", last=False)
     started_s = time.monotonic()
@@ -159,7 +165,7 @@ def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(engines, continuum) ->
     assert engine.free() == engine.start_free
 
 
-def test_fcfs_never_pins(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_fcfs_never_pins(engines: MakeEngine, fcfs: DaemonProcess) -> None:
     engine = engines(fcfs)
     engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy
     engine.drain()
@@ -169,7 +175,7 @@ def test_fcfs_never_pins(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
     assert engine.agent.counters.provisional_block_seconds == 0, "nothing held provisionally"
 
 
-def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines) -> None:  # type: ignore[no-untyped-def]
+def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeEngine) -> None:
     # An operator reads on /metrics how many steps after its report the engine applied
     # each answer: the histogram the engine keeps, as its last report carried it.
     from tests.integration.test_metrics import scrape
@@ -205,7 +211,8 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines) -> No
     assert engine.agent.lag_counts[0] >= counters.idle_waits
 
 
-def test_pin_survives_a_flood_that_evicts_unpinned_context(engines, continuum, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_pin_survives_a_flood_that_evicts_unpinned_context(
+        engines: MakeEngine, continuum: DaemonProcess, fcfs: DaemonProcess) -> None:
     hits = {}
     for name, daemon in (("continuum", continuum), ("fcfs", fcfs)):
         engine = engines(daemon, num_blocks=40)
@@ -227,7 +234,8 @@ def test_pin_survives_a_flood_that_evicts_unpinned_context(engines, continuum, f
     assert hits["fcfs"] < hits["continuum"]
 
 
-def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum, num_blocks=24)
     engine.add("old-1", context(1, 4 * BLOCK), job="old", last=False)
     engine.drain()
@@ -242,8 +250,8 @@ def test_job_level_fcfs_admits_an_old_jobs_next_turn_first(engines, continuum) -
     assert engine.free() == engine.start_free
 
 
-def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_all(  # type: ignore[no-untyped-def]
-        engines, adaptive) -> None:
+def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_all(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     # Counted as each report is built: what is asked below is the queue of this instant.
     engine = engines(adaptive, num_blocks=64, WAITING_DEMAND_THREAD="engine")
     demand = engine.agent.waiting_demand
@@ -281,8 +289,8 @@ def fresh_job(name: str) -> str:
 
 
 @pytest.mark.parametrize("policy, reads", [("fcfs", False), ("adaptive", True)])
-def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(  # type: ignore[no-untyped-def]
-        engines, request, policy, reads) -> None:
+def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(
+        engines: MakeEngine, request: pytest.FixtureRequest, policy: str, reads: bool) -> None:
     engine = engines(request.getfixturevalue(policy), num_blocks=20, WAITING_DEMAND_MS="0")
     counts: list[int] = []
     count = engine.agent.waiting_demand.count
@@ -331,8 +339,8 @@ def _reports_as_sent(engine: Engine) -> list[Any]:
     return sent
 
 
-def test_the_link_thread_counts_the_waiting_demand_off_the_engine_thread(  # type: ignore[no-untyped-def]
-        engines, adaptive) -> None:
+def test_the_link_thread_counts_the_waiting_demand_off_the_engine_thread(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     import threading
 
     engine = engines(adaptive, num_blocks=20, WAITING_DEMAND_MS="0")
@@ -361,8 +369,8 @@ def test_the_link_thread_counts_the_waiting_demand_off_the_engine_thread(  # typ
     assert engine.free() == engine.start_free
 
 
-def test_a_count_that_fails_on_the_link_thread_costs_that_report_its_count_only(  # type: ignore[no-untyped-def]
-        engines, adaptive) -> None:
+def test_a_count_that_fails_on_the_link_thread_costs_that_report_its_count_only(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     # A count racing the engine thread's changes can raise (a vLLM dict changed size
     # under it): the report goes out without the count, the stream stays up, and the
     # next count starts afresh.
@@ -393,8 +401,8 @@ def test_a_count_that_fails_on_the_link_thread_costs_that_report_its_count_only(
     assert engine.free() == engine.start_free
 
 
-def test_the_link_thread_counts_while_the_engine_thread_changes_the_queue(  # type: ignore[no-untyped-def]
-        engines, adaptive) -> None:
+def test_the_link_thread_counts_while_the_engine_thread_changes_the_queue(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     # Agent turns sharing prefixes arrive, wait, run and finish while every report is
     # counted on the link's thread: the engine never fails, every request completes,
     # nothing leaks, and the counts stay within what the queue could want.
@@ -420,7 +428,8 @@ def test_the_link_thread_counts_while_the_engine_thread_changes_the_queue(  # ty
     assert engine.free() == engine.start_free
 
 
-def test_waiting_demand_is_recounted_at_most_every_interval(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+def test_waiting_demand_is_recounted_at_most_every_interval(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     engine = engines(adaptive, num_blocks=64, WAITING_DEMAND_MS="50",
                      WAITING_DEMAND_THREAD="engine")
     demand = engine.agent.waiting_demand
@@ -435,7 +444,7 @@ def test_waiting_demand_is_recounted_at_most_every_interval(engines, adaptive) -
     assert demand.blocks(100.07) == 0
 
 
-def test_an_idle_engine_does_not_wait_on_pins(engines) -> None:  # type: ignore[no-untyped-def]
+def test_an_idle_engine_does_not_wait_on_pins(engines: MakeEngine) -> None:
     # The daemon is gone (as it is, for a round trip, on a live engine): nothing runs
     # and the pins leave too little free for the first waiting request. The engine
     # releases them itself, one a step, instead of idling until their local bound.
@@ -472,8 +481,8 @@ def continuum_long_ttl() -> Iterator[DaemonProcess]:
         yield daemon
 
 
-def test_a_pin_gives_way_before_vllm_preempts_a_running_request(  # type: ignore[no-untyped-def]
-        engines, continuum_long_ttl) -> None:
+def test_a_pin_gives_way_before_vllm_preempts_a_running_request(
+        engines: MakeEngine, continuum_long_ttl: DaemonProcess) -> None:
     # The daemon releases pins itself once the free blocks run out, a step later. A
     # block that fails before its answer lands (a frozen daemon here; on a GPU, the
     # answer one step behind) releases the first pin of the daemon's last pressure
@@ -513,8 +522,8 @@ def test_a_pin_gives_way_before_vllm_preempts_a_running_request(  # type: ignore
     assert engine.free() == engine.start_free
 
 
-def test_the_allocation_wrapper_stays_off_while_no_allocation_can_fail(  # type: ignore[no-untyped-def]
-        engines, continuum_long_ttl) -> None:
+def test_the_allocation_wrapper_stays_off_while_no_allocation_can_fail(
+        engines: MakeEngine, continuum_long_ttl: DaemonProcess) -> None:
     # 400 blocks: a pin of 9 and a running request leave more free blocks than a step
     # can take (its 4,096-token budget is 256 blocks), so no pin could give way.
     engine = engines(continuum_long_ttl, num_blocks=400)
@@ -535,8 +544,8 @@ def test_the_allocation_wrapper_stays_off_while_no_allocation_can_fail(  # type:
     assert engine.free() == engine.start_free
 
 
-def test_a_stalled_engine_reports_the_stall_once_not_every_step(  # type: ignore[no-untyped-def]
-        engines, continuum) -> None:
+def test_a_stalled_engine_reports_the_stall_once_not_every_step(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum, num_blocks=24)
     # More blocks than the cache has: never admitted, the engine spins on it.
     engine.add("huge", [1800 + i for i in range(30 * BLOCK)], job=None, last=True)
@@ -568,7 +577,8 @@ def twelve_jobs_of_two_turns(engine: Engine) -> None:
         engine.drain()
 
 
-def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+def test_pressure_with_pins_preempts_and_leaks_nothing(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum, num_blocks=48)
     twelve_jobs_of_two_turns(engine)
     assert engine.preemptions > 0, "the load should exceed the KV cache"
@@ -577,8 +587,8 @@ def test_pressure_with_pins_preempts_and_leaks_nothing(engines, continuum) -> No
 
 
 @pytest.mark.parametrize("answers_report_with_return", [False, True])
-def test_a_release_decided_before_the_job_came_back_stays_cached(  # type: ignore[no-untyped-def]
-        engines, continuum, answers_report_with_return) -> None:
+def test_a_release_decided_before_the_job_came_back_stays_cached(
+        engines: MakeEngine, continuum: DaemonProcess, answers_report_with_return: bool) -> None:
     """The daemon decides on the report it last had; its answer lands a step later.
     A release decided while the job was in its tool, landing after the job's next
     turn arrived, frees the blocks but keeps them cached above everything below the
@@ -614,7 +624,7 @@ def test_a_release_decided_before_the_job_came_back_stays_cached(  # type: ignor
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
-def test_adaptive_pins_while_memory_is_idle(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+def test_adaptive_pins_while_memory_is_idle(engines: MakeEngine, adaptive: DaemonProcess) -> None:
     engine = engines(adaptive)
     engine.add("t1", context(1), job="agent", last=False)
     engine.drain()
@@ -631,8 +641,8 @@ def adaptive_cached() -> Iterator[DaemonProcess]:
         yield daemon
 
 
-def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(  # type: ignore[no-untyped-def]
-        engines, adaptive_cached) -> None:
+def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(
+        engines: MakeEngine, adaptive_cached: DaemonProcess) -> None:
     engine = engines(adaptive_cached)
     engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy's wish
     engine.drain()
@@ -650,8 +660,8 @@ def test_a_cached_turn_holds_nothing_until_the_daemon_pins_it(  # type: ignore[n
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
-def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(  # type: ignore[no-untyped-def]
-        engines, adaptive_cached) -> None:
+def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(
+        engines: MakeEngine, adaptive_cached: DaemonProcess) -> None:
     """A cached turn (provisional_cache) whose RELEASE was decided while its job was in
     its tool, landing after the job's next turn arrived, is lowered only to the
     returned-job priority (90), as a held pin's stale release is: the next turn hits.
@@ -692,7 +702,8 @@ def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(  # type
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
-def test_cached_turns_under_pressure_leak_nothing(engines, adaptive_cached) -> None:  # type: ignore[no-untyped-def]
+def test_cached_turns_under_pressure_leak_nothing(
+        engines: MakeEngine, adaptive_cached: DaemonProcess) -> None:
     engine = engines(adaptive_cached, num_blocks=48)
     twelve_jobs_of_two_turns(engine)
     assert not engine.agent.pins and not engine.agent.provisional.waiting
@@ -705,7 +716,8 @@ def test_cached_turns_under_pressure_leak_nothing(engines, adaptive_cached) -> N
     assert SCOPE not in owners, "every provisional priority was lowered"
 
 
-def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptive) -> None:  # type: ignore[no-untyped-def]
+def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(
+        engines: MakeEngine, adaptive: DaemonProcess) -> None:
     engine = engines(adaptive, num_blocks=48)
     retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
     for job in range(12):
@@ -727,8 +739,9 @@ def test_adaptive_soft_retains_under_pressure_and_leaks_nothing(engines, adaptiv
 
 
 @pytest.mark.parametrize(("heartbeat_ms", "most_reports"), [("0", None), ("60000", 4)])
-def test_held_pins_report_at_the_heartbeat_not_every_step(  # type: ignore[no-untyped-def]
-        engines, continuum, heartbeat_ms, most_reports) -> None:
+def test_held_pins_report_at_the_heartbeat_not_every_step(
+        engines: MakeEngine, continuum: DaemonProcess, heartbeat_ms: str,
+        most_reports: int | None) -> None:
     engine = engines(continuum, PIN_HEARTBEAT_MS=heartbeat_ms)
     engine.add("t1", context(1), job="agent", last=False)
     engine.drain()
@@ -749,7 +762,7 @@ def test_held_pins_report_at_the_heartbeat_not_every_step(  # type: ignore[no-un
     engine.drain()
 
 
-def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines) -> None:  # type: ignore[no-untyped-def]
+def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines: MakeEngine) -> None:
     with running_daemon("--policy", "continuum") as daemon:
         engine = engines(daemon, PROVISIONAL_PIN_S="0.3", MAX_PIN_S="0.5")
         for job in range(4):
@@ -771,7 +784,8 @@ def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines) -> None:
         assert engine.free() == engine.start_free
 
 
-def test_reset_prefix_cache_releases_pins_first(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+def test_reset_prefix_cache_releases_pins_first(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum)
     engine.add("t1", context(1), job="reset", last=False)
     engine.drain()
@@ -780,7 +794,8 @@ def test_reset_prefix_cache_releases_pins_first(engines, continuum) -> None:  # 
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
-def test_async_scheduler_variant_is_chosen_and_works(engines, continuum) -> None:  # type: ignore[no-untyped-def]
+def test_async_scheduler_variant_is_chosen_and_works(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     from vllm_plugin.scheduler import KvtetherAsyncScheduler
 
     engine = engines(continuum, async_scheduling=True)
@@ -793,8 +808,8 @@ def test_async_scheduler_variant_is_chosen_and_works(engines, continuum) -> None
     assert not engine.agent.pins and engine.free() == engine.start_free
 
 
-def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ignore[no-untyped-def]
-        engines, fcfs) -> None:
+def test_reports_carry_the_work_each_step_did_and_how_long_it_took(
+        engines: MakeEngine, fcfs: DaemonProcess) -> None:
     engine = engines(fcfs, num_blocks=64)
     sent = _reports_as_sent(engine)
     # Three prompts sharing nothing, 4 output tokens each: every prompt token is
@@ -816,8 +831,8 @@ def test_reports_carry_the_work_each_step_did_and_how_long_it_took(  # type: ign
     assert all(w.busy_s > 0.0 for w in work), "every step is timed"
 
 
-def test_item8_a_request_id_the_daemon_refuses_costs_the_engine_nothing(  # type: ignore[no-untyped-def]
-        engines, continuum) -> None:
+def test_item8_a_request_id_the_daemon_refuses_costs_the_engine_nothing(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
     # vLLM takes a client's own request_id (or X-Request-Id) of any length and content;
     # the daemon refuses a report naming one. Such a request is left to vLLM, while
     # every other request is still reported and decided on.

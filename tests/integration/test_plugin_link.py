@@ -3,23 +3,25 @@ killed and restarted mid-session (the link reconnects and resyncs with a snapsho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sidecar.api.v1 import engine_session_pb2 as pb
-from tests.support.daemon import running_daemon
+from tests.support.daemon import DaemonProcess, running_daemon
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
 
 KV = pb.KvCapacity(total_blocks=64, free_blocks=64, block_size_tokens=16)
 
 
-def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -70,14 +72,13 @@ def test_link_survives_a_daemon_restart() -> None:
             del revived
 
 
-def running_daemon_on(port: str):  # type: ignore[no-untyped-def]
-    import contextlib
+def running_daemon_on(port: str) -> contextlib.AbstractContextManager[DaemonProcess]:
     import subprocess
 
-    from tests.support.daemon import DaemonProcess, serve_command, wait_serving
+    from tests.support.daemon import serve_command, wait_serving
 
     @contextlib.contextmanager
-    def run():  # type: ignore[no-untyped-def]
+    def run() -> Iterator[DaemonProcess]:
         process = subprocess.Popen(
             serve_command("--listen", f"127.0.0.1:{port}", "--metrics-port", "-1"),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -117,7 +117,7 @@ async def test_pushed_directives_reach_live_and_new_requests(auth: bool) -> None
             assert "t1" not in withdrawn  # unchanged: its own directive all along
 
 
-async def test_directives_pushed_through_another_daemon_reach_the_engine(clean_redis) -> None:  # type: ignore[no-untyped-def]
+async def test_directives_pushed_through_another_daemon_reach_the_engine(clean_redis: str) -> None:
     """Two daemons share a Redis store: directives pushed through one reach an engine
     connected to the other (fetched in the background, sent with a following step)."""
     import asyncio

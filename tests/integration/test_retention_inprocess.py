@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -90,7 +90,8 @@ def warm(engine: Engine) -> None:
     engine.drain()
 
 
-def test_directives_keep_a_sessions_context_through_a_flood(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_directives_keep_a_sessions_context_through_a_flood(
+        engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
     hits = {}
     for case in ("xargs", "pushed", "none"):
         engine = engines(fcfs, num_blocks=40)
@@ -119,7 +120,8 @@ def test_directives_keep_a_sessions_context_through_a_flood(engines, fcfs) -> No
     assert hits["none"] == 0, hits
 
 
-def test_a_flood_that_needs_every_block_evicts_the_lower_priority_first(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_a_flood_that_needs_every_block_evicts_the_lower_priority_first(
+        engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
     engine = engines(fcfs, num_blocks=40)
     warm(engine)
     add(engine, "deep-t1", conversation(7, TURN_TOKENS), job_id="deep",
@@ -134,7 +136,9 @@ def test_a_flood_that_needs_every_block_evicts_the_lower_priority_first(engines,
     assert engine.free() == engine.start_free
 
 
-def test_bad_directives_are_ignored_and_the_request_runs(engines, fcfs, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_bad_directives_are_ignored_and_the_request_runs(
+        engines: Callable[..., Engine], fcfs: DaemonProcess,
+        caplog: pytest.LogCaptureFixture) -> None:
     engine = engines(fcfs, num_blocks=40)
     retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
     add(engine, "bad-json", conversation(8, TURN_TOKENS), job_id="b1",
@@ -150,7 +154,8 @@ def test_bad_directives_are_ignored_and_the_request_runs(engines, fcfs, caplog) 
     assert "retention_directives" in caplog.text
 
 
-def test_soft_retention_keeps_a_released_pins_blocks_at_its_priority(engines) -> None:  # type: ignore[no-untyped-def]
+def test_soft_retention_keeps_a_released_pins_blocks_at_its_priority(
+        engines: Callable[..., Engine]) -> None:
     with running_daemon("--policy", "continuum") as continuum:
         engine = engines(continuum, num_blocks=40)
         engine.add("soft-t1", conversation(11, TURN_TOKENS), job="soft", last=False)
@@ -167,7 +172,8 @@ def test_soft_retention_keeps_a_released_pins_blocks_at_its_priority(engines) ->
         assert engine.free() == engine.start_free
 
 
-def test_a_preempted_requests_blocks_keep_its_priorities(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_a_preempted_requests_blocks_keep_its_priorities(
+        engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
     """Preemption frees a request's blocks too (vLLM's _free_request_blocks): they are
     freed at the request's priorities, and its resumption hits them."""
     engine = engines(fcfs, num_blocks=10)
@@ -207,7 +213,8 @@ def test_a_preempted_requests_blocks_keep_its_priorities(engines, fcfs) -> None:
     assert engine.free() == engine.start_free
 
 
-def test_priorities_that_arrive_after_a_short_request_finished_still_apply(engines, fcfs) -> None:  # type: ignore[no-untyped-def]
+def test_priorities_that_arrive_after_a_short_request_finished_still_apply(
+        engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
     """Fail-open (production): the answer to a step's report is applied at the next
     step, so a request done in one step finishes before its priorities arrive; what is
     still cached of it takes them when they do."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -24,7 +25,8 @@ def ranges(*spec: tuple[int, int | None, int]) -> pb.RetentionConfig:
 
 
 @pytest.fixture(params=["embedded", "redis"])
-async def retention(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+async def retention(
+        request: pytest.FixtureRequest) -> AsyncIterator[retention_pb2_grpc.RetentionStub]:
     flags = {}
     if request.param == "redis":
         flags = {"store": {"redis_url": request.getfixturevalue("clean_redis")}}
@@ -32,7 +34,7 @@ async def retention(request: pytest.FixtureRequest):  # type: ignore[no-untyped-
         yield retention_pb2_grpc.RetentionStub(channel)
 
 
-async def test_set_read_back_and_clear(retention) -> None:  # type: ignore[no-untyped-def]
+async def test_set_read_back_and_clear(retention: retention_pb2_grpc.RetentionStub) -> None:
     config = ranges((0, 512, 100), (512, None, 80))
     config.token_ranges[1].duration_s = 45.0
     answer = await retention.SetDirectives(
@@ -46,7 +48,8 @@ async def test_set_read_back_and_clear(retention) -> None:  # type: ignore[no-un
     assert not (await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))).found
 
 
-async def test_only_the_owner_lowers_and_clears(retention) -> None:  # type: ignore[no-untyped-def]
+async def test_only_the_owner_lowers_and_clears(
+        retention: retention_pb2_grpc.RetentionStub) -> None:
     await retention.SetDirectives(pb.SetDirectivesRequest(
         target=SESSION, config=ranges((0, None, 80)), scope="owner"))
     # Another scope may raise...
@@ -69,7 +72,8 @@ async def test_only_the_owner_lowers_and_clears(retention) -> None:  # type: ign
     assert read.owner_scope == "owner" and read.config.token_ranges[0].priority == 90
 
 
-async def test_racing_first_claims_leave_one_owner(retention) -> None:  # type: ignore[no-untyped-def]
+async def test_racing_first_claims_leave_one_owner(
+        retention: retention_pb2_grpc.RetentionStub) -> None:
     target = pb.RetentionTarget(job_id="raced")
     # Different scopes try to lower-or-set at once: exactly one owns the result.
     results = await asyncio.gather(*(
@@ -91,7 +95,7 @@ async def test_racing_first_claims_leave_one_owner(retention) -> None:  # type: 
     ],
 )
 async def test_invalid_directives_are_refused_naming_the_field(
-    retention, config: pb.RetentionConfig, field: str  # type: ignore[no-untyped-def]
+    retention: retention_pb2_grpc.RetentionStub, config: pb.RetentionConfig, field: str
 ) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await retention.SetDirectives(
@@ -101,7 +105,8 @@ async def test_invalid_directives_are_refused_naming_the_field(
     assert not (await retention.GetDirectives(pb.GetDirectivesRequest(target=SESSION))).found
 
 
-async def test_negative_duration_and_missing_target(retention) -> None:  # type: ignore[no-untyped-def]
+async def test_negative_duration_and_missing_target(
+        retention: retention_pb2_grpc.RetentionStub) -> None:
     config = ranges((0, None, 50))
     config.token_ranges[0].duration_s = -1
     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -123,7 +128,8 @@ def bearer(token: str) -> tuple[tuple[str, str]]:
 
 
 @pytest.fixture(params=["embedded", "redis"])
-async def authenticated(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+async def authenticated(
+        request: pytest.FixtureRequest) -> AsyncIterator[retention_pb2_grpc.RetentionStub]:
     flags: dict[str, object] = {"auth": {"tokens": {OWNER_TOKEN: "owner",
                                                     OTHER_TOKEN: "other",
                                                     "engine-token-0123456789": "engines"},
@@ -134,7 +140,8 @@ async def authenticated(request: pytest.FixtureRequest):  # type: ignore[no-unty
         yield retention_pb2_grpc.RetentionStub(channel)
 
 
-async def test_with_auth_the_token_decides_the_scope(authenticated) -> None:  # type: ignore[no-untyped-def]
+async def test_with_auth_the_token_decides_the_scope(
+        authenticated: retention_pb2_grpc.RetentionStub) -> None:
     # The claimed scope is ignored: the token authenticates "owner".
     answer = await authenticated.SetDirectives(pb.SetDirectivesRequest(
         target=SESSION, config=ranges((0, None, 80)), scope="other"),
@@ -163,7 +170,9 @@ async def test_with_auth_the_token_decides_the_scope(authenticated) -> None:  # 
 
 @pytest.mark.parametrize("metadata", [None, bearer("not-a-configured-token"),
                                       (("authorization", OWNER_TOKEN),)])
-async def test_with_auth_mutations_need_a_valid_token(authenticated, metadata) -> None:  # type: ignore[no-untyped-def]
+async def test_with_auth_mutations_need_a_valid_token(
+        authenticated: retention_pb2_grpc.RetentionStub, metadata: tuple[tuple[str, str],
+        ...] | None) -> None:
     await authenticated.SetDirectives(pb.SetDirectivesRequest(
         target=SESSION, config=ranges((0, None, 80))), metadata=bearer(OWNER_TOKEN))
     calls = [

@@ -3,6 +3,7 @@ each with its refusal — on real daemon processes and real gRPC clients."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -48,7 +49,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Issued]:
     }
 
 
-def daemon_with(tmp_path: Path, settings: dict[str, object], *args: str):  # type: ignore[no-untyped-def]
+def daemon_with(
+        tmp_path: Path, settings: dict[str, object],
+        *args: str) -> contextlib.AbstractContextManager[DaemonProcess]:
     config = tmp_path / "kvtether.yaml"
     config.write_text(yaml.safe_dump(settings))
     return running_daemon("--config", str(config), *args)
@@ -100,7 +103,8 @@ def tls_daemon(tmp_path: Path, pki: dict[str, Issued]) -> Iterator[DaemonProcess
     process.wait(timeout=10)
 
 
-def test_mutual_tls_admits_only_clients_of_its_ca(tls_daemon, pki) -> None:  # type: ignore[no-untyped-def]
+def test_mutual_tls_admits_only_clients_of_its_ca(
+        tls_daemon: DaemonProcess, pki: dict[str, Issued]) -> None:
     address = tls_daemon.address
     ca = str(pki["ca"].cert)
     assert policy_over(address, channel_credentials(
@@ -114,7 +118,8 @@ def test_mutual_tls_admits_only_clients_of_its_ca(tls_daemon, pki) -> None:  # t
     ) == grpc.StatusCode.UNAVAILABLE
 
 
-def test_engine_link_and_operators_tools_speak_mutual_tls(tls_daemon, pki) -> None:  # type: ignore[no-untyped-def]
+def test_engine_link_and_operators_tools_speak_mutual_tls(
+        tls_daemon: DaemonProcess, pki: dict[str, Issued]) -> None:
     credentials = channel_credentials(str(pki["ca"].cert), str(pki["client"].cert),
                                       str(pki["client"].key))
     link = DaemonLink(tls_daemon.address, credentials=credentials)
@@ -144,7 +149,7 @@ def test_engine_link_and_operators_tools_speak_mutual_tls(tls_daemon, pki) -> No
     assert json.loads(shown.stdout)["name"] == "continuum"
 
 
-def test_bad_tls_configuration_stops_the_daemon(tmp_path: Path, pki) -> None:  # type: ignore[no-untyped-def]
+def test_bad_tls_configuration_stops_the_daemon(tmp_path: Path, pki: dict[str, Issued]) -> None:
     from tests.support.daemon import serve_command
 
     for tls, expected in (

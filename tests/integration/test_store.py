@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -60,10 +61,10 @@ async def test_scan_finds_keys_of_one_kind(store: Store) -> None:
     assert sorted(found) == sorted(keys.tool_stats(t) for t in ("ls", "cat", "we{ird}:tool"))
 
 
-def _claim(owner: str):  # type: ignore[no-untyped-def]
+def _claim(owner: str) -> Callable[[Mapping[str, bytes | None]], Transition[str]]:
     """A rule: take the key if nobody holds it; report who holds it."""
 
-    def rule(current: dict[str, bytes | None]) -> Transition[str]:
+    def rule(current: Mapping[str, bytes | None]) -> Transition[str]:
         key = keys.retention_directive("race")
         holder = current[key]
         if holder is not None:

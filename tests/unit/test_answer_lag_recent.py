@@ -1,11 +1,11 @@
 """How late an engine applied the daemon's answers lately, read from the cumulative
-counts its reports carry (sidecar/runtime/answer_lag.py)."""
+counts its reports carry (sidecar/telemetry/answer_lag.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.runtime.answer_lag import RecentAnswerLags
+from sidecar.telemetry.answer_lag import RecentAnswerLags
 
 
 def test_the_share_is_of_the_recent_answers_landed_3_or_more_steps_late() -> None:

@@ -73,7 +73,8 @@ operations = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(operations)
-def test_the_order_and_what_each_chain_shares_hold_through_any_changes(ops) -> None:  # type: ignore[no-untyped-def]
+def test_the_order_and_what_each_chain_shares_hold_through_any_changes(
+        ops: list[tuple[str, int, list[int], int]]) -> None:
     order = ChainOrder()
     alive: dict[int, Chain] = {}
     for op, key, tokens, tail in ops:

@@ -82,8 +82,8 @@ def test_a_new_model_behind_the_same_engine_id_is_learned_again() -> None:
     assert cost.prefill_s_per_token == pytest.approx(slow, rel=0.05)
 
 
-def test_coefficients_stay_non_negative() -> None:
-    # Steps that cost the same whatever they decode: the decode figure is 0, not < 0.
+def test_a_step_cost_that_does_not_grow_with_decoding_is_learned_as_such() -> None:
+    # Steps that cost the same whatever they decode: the fit finds no decode cost.
     estimator = StepCostEstimator()
     rng = random.Random(6)
     for _ in range(200):
@@ -91,8 +91,26 @@ def test_coefficients_stay_non_negative() -> None:
         estimator.add(StepWork(1, 0.005 + 2e-5 * prefill, prefill, rng.randint(0, 50)))
     cost = estimator.estimate()
     assert cost is not None
-    assert cost.decode_s_per_seq >= 0.0
+    assert cost.decode_s_per_seq == pytest.approx(0.0, abs=1e-12)
     assert cost.prefill_s_per_token == pytest.approx(2e-5, rel=0.01)
+    assert cost.step_s == pytest.approx(0.005, rel=0.01)
+
+
+def test_a_decode_cost_the_data_would_make_negative_is_held_at_zero() -> None:
+    """Steps that ran faster the more they decoded (another process's load easing as
+    the batch grew): least squares would learn a negative cost a sequence, which would
+    make a policy prefer longer batches for nothing. The fit holds it at zero and puts
+    the decode work's average into the fixed step cost."""
+    estimator = StepCostEstimator()
+    rng = random.Random(7)
+    for _ in range(400):
+        prefill, decode = rng.randint(0, 4000), rng.randint(0, 50)
+        estimator.add(StepWork(1, 0.005 + 2e-5 * prefill - 1e-5 * decode, prefill, decode))
+    cost = estimator.estimate()
+    assert cost is not None
+    assert cost.decode_s_per_seq == 0.0
+    assert cost.prefill_s_per_token == pytest.approx(2e-5, rel=0.02)
+    assert cost.step_s == pytest.approx(0.005 - 1e-5 * 25, rel=0.05)
 
 
 @pytest.mark.parametrize("busy_s", [-1.0, float("nan"), float("inf")])

@@ -36,7 +36,7 @@ WINDOW_FINISHES = 32
 # Hold while at least this share of them was pinned: the more likely answer decides.
 HOLD_AT_PIN_SHARE = 0.5
 # Cache, whatever the share, while at least this share of the engine's recent answers
-# landed late (sidecar/runtime/answer_lag.py: 3 or more steps after their report). A
+# landed late (sidecar/telemetry/answer_lag.py: 3 or more steps after their report). A
 # GPU engine's, and the twin's sweeps', are ~0; the CPU engines' 26-33%.
 CACHE_AT_LATE_ANSWER_SHARE = 0.1
 

@@ -12,13 +12,10 @@ from functools import partial
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from benchmarks.common.engine_runs import saturated_at
+from benchmarks.common.engine_runs import summarize_prefill_share as summarize
 from benchmarks.engine.__main__ import daemon_gauges
-from benchmarks.engine.prefill_share import (
-    PREFILL_SHARE_GAUGE,
-    PrefillShareSampler,
-    saturated_at,
-    summarize,
-)
+from benchmarks.engine.prefill_share import PREFILL_SHARE_GAUGE, PrefillShareSampler
 from sidecar.policies.adaptive.policy import AdaptiveParams
 from tests.support.redis_server import free_port
 

@@ -1,5 +1,5 @@
 """``python -m benchmarks.twin cpu``'s report: what it prints from the seeds' summaries
-(the runs themselves are in tests/integration/test_twin_cpu.py)."""
+(the runs themselves are in tests/benchmarks/test_twin_cpu.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.engine.paired import late_answer_share, median_answer_lag_steps
+from benchmarks.common.engine_runs import late_answer_share, median_answer_lag_steps
 from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
 from benchmarks.twin.lag import DrawnLag, fit, replay
 from benchmarks.twin.simulator import _answer_every_report
@@ -41,7 +41,7 @@ def test_a_run_that_did_not_record_the_lag_has_none() -> None:
 
 
 def test_the_late_share_is_what_adaptive_caches_by() -> None:
-    # 3 or more steps after the report, as the daemon counts it (sidecar/runtime/answer_lag.py).
+    # 3 or more steps after the report, as the daemon counts it (sidecar/telemetry/answer_lag.py).
     assert late_answer_share({"answers_by_lag_steps": {"1": 6, "2": 2, "3": 1, "7": 1}}) == 0.2
     assert late_answer_share({"answers_by_lag_steps": {"0": 1, "2": 3}}) == 0.0
     assert late_answer_share({"answers_by_lag_steps": {"1": 0}}) is None

@@ -17,7 +17,6 @@ from benchmarks.engine.paired import (
     main,
     request_split,
     speed_adjusted_ratio,
-    t_quantile95,
     ttft_ratios,
 )
 
@@ -66,12 +65,6 @@ def test_a_figure_missing_from_older_rounds_is_left_out_of_that_figure(tmp_path:
     rounds = load_rounds([run])
     assert job_ratio(rounds, "adaptive", "fcfs").rounds == 3
     assert request_split(rounds, "adaptive", "fcfs")["client"].rounds == 2
-
-
-def test_the_t_quantile_matches_the_table() -> None:
-    for degrees, table in ((5, 2.015), (11, 1.796), (35, 1.690), (1000, 1.646)):
-        assert math.isclose(t_quantile95(degrees), table, abs_tol=0.01)
-    assert t_quantile95(0) == math.inf
 
 
 def test_bad_inputs_name_the_file_and_what_is_wrong(tmp_path: Path,
