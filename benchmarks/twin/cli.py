@@ -307,6 +307,11 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("label", help="the sweep's results sub-folder, e.g. reference")
     plot.add_argument("--out-dir", type=Path, default=RESULTS)
 
+    pack = commands.add_parser(
+        "pack", help="pack swept labels into points/<label>.json.xz, the form git keeps")
+    pack.add_argument("labels", nargs="+", help="sweep labels, e.g. reference-agree0.966")
+    pack.add_argument("--out-dir", type=Path, default=RESULTS)
+
     criteria = commands.add_parser(
         "criteria", help="the adaptive policy's acceptance criteria on swept labels")
     criteria.add_argument("labels", nargs="+", help="sweep labels, e.g. reference-agree0.966")
@@ -363,6 +368,16 @@ def _parser() -> argparse.ArgumentParser:
     workload.add_argument("--jps", type=float, default=8.0)
     _add_workload_flags(workload)
     return parser
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from benchmarks.twin.packs import write_pack
+
+    for label in args.labels:
+        path = write_pack(args.out_dir / "points", label)
+        print(f"{label}: {path} ({path.stat().st_size / 1e3:.0f} kB); commit it and delete "
+              f"the folder {args.out_dir / 'points' / label}")
+    return 0
 
 
 def cmd_criteria(args: argparse.Namespace) -> int:
@@ -450,6 +465,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the daemon subprocess is stopped with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     handler = {"run": cmd_run, "sweep": cmd_sweep, "calibrate": cmd_calibrate,
-               "plot": cmd_plot, "criteria": cmd_criteria,
+               "plot": cmd_plot, "pack": cmd_pack, "criteria": cmd_criteria,
                "workload": cmd_workload, "cpu": cmd_cpu}[args.command]
     return handler(args)

@@ -10,16 +10,18 @@ For every point (KV blocks x jobs/s) of a sweep label:
 
     .venv/bin/python -m benchmarks.twin criteria reference-agree0.966 long-agree0.966
 
-Reads ``benchmarks/results/twin/points/<label>/blocks<N>/<policy>-<jps>jps.json``;
-writes nothing unless ``--out`` names a Markdown file.
+Reads each label's points from ``benchmarks/results/twin/points/`` (the sweep's folder or
+its committed pack, see :mod:`benchmarks.twin.packs`); writes nothing unless ``--out``
+names a Markdown file.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.twin.packs import labels, read_points
 
 TAIL_LIMIT = 1.10
 SPEEDUP_POINT = (5402, 8)
@@ -52,36 +54,32 @@ class Point:
         return self.adaptive["ttft_ms"]["max"] / max(self.fcfs["ttft_ms"]["max"], 1e-9)
 
 
-def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _ratio(folder: Path, blocks: int, jps: int) -> float | None:
-    runs = [_load(folder / f"blocks{blocks}" / f"{p}-{jps}jps.json")
-            for p in ("fcfs", "continuum", "adaptive")]
-    if any(run is None for run in runs):
-        return None
+def _ratio(points: dict[str, dict], blocks: int, jps: int) -> float | None:
+    runs = [points.get(f"blocks{blocks}/{policy}-{jps}jps")
+            for policy in ("fcfs", "continuum", "adaptive")]
     fcfs, continuum, adaptive = runs
-    assert fcfs is not None and continuum is not None and adaptive is not None
+    if fcfs is None or continuum is None or adaptive is None:
+        return None
     return adaptive["avg_duration_s"] / min(fcfs["avg_duration_s"],
                                             continuum["avg_duration_s"])
 
 
 def load_points(points_dir: Path, label: str) -> list[Point]:
-    folder = points_dir / label
-    seeds = sorted(p for p in points_dir.glob(f"{label}-seed*") if p.is_dir())
+    own = read_points(points_dir, label)
+    seeds = [read_points(points_dir, seed) for seed in labels(points_dir, f"{label}-seed*")]
     points = []
-    for blocks_dir in sorted(folder.glob("blocks*"), key=lambda p: int(p.name[6:])):
-        blocks = int(blocks_dir.name[6:])
-        for adaptive_path in blocks_dir.glob("adaptive-*jps.json"):
-            jps = int(adaptive_path.name.split("-")[1].removesuffix("jps.json"))
-            fcfs = _load(blocks_dir / f"fcfs-{jps}jps.json")
-            continuum = _load(blocks_dir / f"continuum-{jps}jps.json")
-            if fcfs is None or continuum is None:
-                continue
-            seed_ratios = tuple(r for s in seeds if (r := _ratio(s, blocks, jps)) is not None)
-            points.append(Point(blocks, jps, fcfs, continuum,
-                                json.loads(adaptive_path.read_text()), seed_ratios))
+    for key, adaptive in own.items():
+        blocks_name, run = key.split("/")
+        if not run.startswith("adaptive-"):
+            continue
+        blocks = int(blocks_name.removeprefix("blocks"))
+        jps = int(run.removeprefix("adaptive-").removesuffix("jps"))
+        fcfs = own.get(f"{blocks_name}/fcfs-{jps}jps")
+        continuum = own.get(f"{blocks_name}/continuum-{jps}jps")
+        if fcfs is None or continuum is None:
+            continue
+        seed_ratios = tuple(r for seed in seeds if (r := _ratio(seed, blocks, jps)) is not None)
+        points.append(Point(blocks, jps, fcfs, continuum, adaptive, seed_ratios))
     return sorted(points, key=lambda p: (p.blocks, p.jps))
 
 

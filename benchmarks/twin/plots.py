@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.results import describe_machine
+from benchmarks.twin.packs import read_meta, read_points
 
 
 def load_points(out_dir: Path, label: str) -> list[dict[str, Any]]:
     points = []
-    for path in sorted((out_dir / "points" / label).glob("blocks*/*.json")):
-        data = json.loads(path.read_text())
-        data["_blocks"] = int(path.parent.name.removeprefix("blocks"))
-        points.append(data)
+    for key, data in read_points(out_dir / "points", label).items():
+        points.append({**data, "_blocks": int(key.split("/")[0].removeprefix("blocks"))})
     return points
 
 
@@ -33,8 +32,7 @@ def improvement_pct(fcfs_avg_s: float, other_avg_s: float) -> float:
 
 def write_summary(out_dir: Path, label: str) -> None:
     points = load_points(out_dir, label)
-    meta_path = out_dir / "points" / label / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_meta(out_dir / "points", label)
     table = _table(points)
     rows = []
     lines = [f"# Twin sweep `{label}`", ""]
@@ -76,6 +74,7 @@ def write_summary(out_dir: Path, label: str) -> None:
         lines.append("")
     lines += ["Cells: average job duration (ratio to fcfs), prefix-cache hit rate of prompt "
               "tokens, preemptions.", ""]
+    (out_dir / "points" / label).mkdir(parents=True, exist_ok=True)
     (out_dir / "points" / label / "summary.md").write_text("\n".join(lines))
     (out_dir / "points" / label / "summary.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

@@ -27,3 +27,6 @@ twin sweep --quick
 # The adaptive policy's acceptance criteria on those points (exit 1 when one misses).
 twin criteria reference-agree0.966 long-agree0.966 reference \
   --out benchmarks/results/twin/criteria.md || true
+# The form git keeps: one pack a label (commit the packs, not the folders).
+twin pack reference-agree0.966 reference long-agree0.966 \
+  reference-agree0.966-seed1 reference-agree0.966-seed2 reference-seed1 reference-seed2
