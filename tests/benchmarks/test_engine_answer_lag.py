@@ -18,9 +18,9 @@ from benchmarks.twin.cpu import CpuSetup, answer_lag_lines
 from benchmarks.twin.lag import DrawnLag, fit, replay
 from benchmarks.twin.simulator import _answer_every_report
 
-ROOT = Path(__file__).resolve().parents[2]
-REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-            / "d077e0a-epyc-noavx512-rounds12.json")
+# Real engine runs on older CPUs, kept as test data: they record what the twin replays.
+ENGINE_RUNS = Path(__file__).resolve().parent / "data" / "engine_runs"
+REAL_RUN = ENGINE_RUNS / "d077e0a-epyc-noavx512-rounds12.json"
 
 
 @pytest.mark.parametrize(("by_lag", "median"), [
@@ -64,8 +64,7 @@ def test_the_twin_applies_a_runs_median_lag_less_the_step_it_always_waits(
 
 
 
-RUN_17 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-          / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json")
+RUN_17 = ENGINE_RUNS / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json"
 
 
 def _lags(weights: list[float], tail_mean_steps: float, seed: int, n: int) -> list[int]:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_RUN = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-            / "d077e0a-epyc-noavx512-rounds12.json")  # before the answers' lag was recorded
-RUN_17 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-          / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json")
-RUN_19 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-          / "2398034-epyc19-noavx512-vary-seed-rounds8.json")  # its steps recorded
+# Real engine runs on older CPUs, kept as test data: they record what the twin replays.
+ENGINE_RUNS = Path(__file__).resolve().parent / "data" / "engine_runs"
+# Recorded before the answers' lag was.
+REAL_RUN = ENGINE_RUNS / "d077e0a-epyc-noavx512-rounds12.json"
+RUN_17 = ENGINE_RUNS / "5e3f9ee-epyc17-noavx512-vary-seed-rounds10.json"
+RUN_19 = ENGINE_RUNS / "2398034-epyc19-noavx512-vary-seed-rounds8.json"  # its steps recorded
 
 
 def _twin_cpu(*args: str) -> subprocess.CompletedProcess[str]:
@@ -167,8 +167,7 @@ def test_a_bad_cpu_setup_is_named(args: tuple[str, ...], named: str) -> None:
     assert named in done.stderr, done.stderr[-2000:]
 
 
-RUN_21 = (ROOT / "benchmarks" / "results" / "engine" / "runs"
-          / "18de9e7-epyc21-zen5-idle-waits-rounds4.json")  # its idle waits recorded
+RUN_21 = ENGINE_RUNS / "18de9e7-epyc21-zen5-idle-waits-rounds4.json"  # its idle waits recorded
 
 
 def test_the_twin_steps_once_more_after_the_last_finish_as_vllm_does() -> None:
