@@ -8,7 +8,7 @@ On a saturated CPU node the daemon waits for a CPU now and then, and 26-33% of t
 answers land 3 or more steps late (the engine benchmark's "answers by lag" table).
 Whatever the engine keeps waiting on an answer meanwhile is kept that much longer: a
 policy reads the recent share of late answers to choose a wait that costs less
-(``Policy.caches_provisional_pins``'s ``late_answer_share``).
+(``StepView.late_answer_share``, read by ``Policy.caches_provisional_pins``).
 """
 
 from __future__ import annotations
