@@ -43,28 +43,42 @@ def test_a_tool_running_past_every_sample_is_not_expected_back() -> None:
     assert times.expected_remaining_s(30.0, 10.0) == 10.0
 
 
-def test_expected_hold_is_within_the_horizon_and_matches_the_mean() -> None:
+def _from_samples(elapsed_s: float, horizon_s: float) -> tuple[float, float]:
+    """P(back within horizon_s | ran elapsed_s) and E[min(T - elapsed_s, horizon_s) |
+    T > elapsed_s], counted on the samples themselves."""
+    alive = [t for t in UNIFORM_1_TO_10 if t > elapsed_s]
+    back = sum(1 for t in alive if t <= elapsed_s + horizon_s) / len(alive)
+    held = sum(min(t - elapsed_s, horizon_s) for t in alive) / len(alive)
+    return back, held
+
+
+def test_expected_hold_matches_the_samples_and_the_mean() -> None:
     times = distribution("make", UNIFORM_1_TO_10)
     assert times is not None
     mean_s = sum(UNIFORM_1_TO_10) / len(UNIFORM_1_TO_10)
     # Unbounded horizon from the start: the mean, up to the sketch's bucket width.
     assert times.expected_remaining_s(0.0, 1000.0) == pytest.approx(mean_s, rel=0.05)
-    for elapsed_s in (0.0, 2.0, 5.0, 9.0):
+    for elapsed_s in (0.0, 2.0, 5.0, 7.0):
         for horizon_s in (0.5, 2.0, 8.0):
-            held = times.expected_remaining_s(elapsed_s, horizon_s)
-            assert 0.0 <= held <= horizon_s
+            _, held_s = _from_samples(elapsed_s, horizon_s)
+            assert times.expected_remaining_s(elapsed_s, horizon_s) == pytest.approx(
+                held_s, rel=0.05), (elapsed_s, horizon_s)
     assert times.survival(0.0) == 1.0 and times.survival(100.0) == 0.0
 
 
-def test_the_outlook_of_several_horizons_matches_one_at_a_time() -> None:
+def test_the_outlook_of_several_horizons_matches_the_samples() -> None:
     times = distribution("make", UNIFORM_1_TO_10)
     assert times is not None
     horizons = (0.25, 1.0, 4.0, 16.0, 30.0)
-    for elapsed_s in (0.0, 3.0, 9.9, 12.0):
+    for elapsed_s in (0.0, 2.0, 5.0, 7.0):
         outlook = times.conditional_outlook(elapsed_s, horizons)
-        assert outlook == tuple(
-            (pytest.approx(times.probability_within_given(elapsed_s, h)),
-             pytest.approx(times.expected_remaining_s(elapsed_s, h))) for h in horizons)
+        assert len(outlook) == len(horizons)
+        for horizon_s, (back, held_s) in zip(horizons, outlook, strict=True):
+            expected_back, expected_held_s = _from_samples(elapsed_s, horizon_s)
+            assert back == pytest.approx(expected_back, abs=0.04), (elapsed_s, horizon_s)
+            assert held_s == pytest.approx(expected_held_s, rel=0.06), (elapsed_s, horizon_s)
+    # Past every sample: not expected back at any horizon, held the whole horizon.
+    assert times.conditional_outlook(12.0, horizons) == tuple((0.0, h) for h in horizons)
 
 
 def test_an_empty_distribution_answers_nan() -> None:
