@@ -5,6 +5,7 @@ Protocols and frozen dataclasses only: no gRPC, no Redis, no runtime imports
 """
 
 from sidecar.framework.protocols import (
+    FinishedTurnWait,
     FinishRetention,
     PinExpiry,
     PinsUnderPressure,
@@ -26,6 +27,7 @@ from sidecar.framework.types import (
     RequestView,
     RetainAction,
     RetainDecision,
+    StepScratch,
     StepView,
     ToolTimeDistribution,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "EngineCost",
     "FinishInput",
     "FinishRetention",
+    "FinishedTurnWait",
     "JobView",
     "KvView",
     "Ordering",
@@ -48,6 +51,7 @@ __all__ = [
     "RequestView",
     "RetainAction",
     "RetainDecision",
+    "StepScratch",
     "StepView",
     "ToolTimeDistribution",
     "VictimOrder",

@@ -3,9 +3,18 @@ framework (QueueSort / Filter / Score / Reserve): a policy implements the one to
 three it cares about and inherits vLLM's behaviour for the rest from
 ``sidecar.policies.base.NativePolicy``.
 
-Contracts shared by every hook:
-- called on the daemon's decision path: pure and fast, no I/O, no store access;
-- inputs are frozen plain data (``sidecar.framework.types``);
+Contracts shared by every hook (``tests/unit/test_policy_contract.py`` checks them
+against every registered policy):
+- called on the daemon's decision path: fast, no I/O, no store access, no clock but
+  the step's ``now_s``, no randomness;
+- inputs are frozen plain data (``sidecar.framework.types``); what one hook of a step
+  computes for another goes in the step's ``scratch``, never in a cache matched by
+  object identity;
+- a policy may keep state per engine that outlives a step (adaptive's forecasts),
+  fed by that engine's steps in the order they come: given the same steps in the
+  same order, a policy answers the same, so the digital twin replays it exactly, and
+  the same step seen twice gets the same answer;
+- orders are permutations of their input, ties broken by request id;
 - releasing a pin that is already released is harmless (idempotent).
 """
 
@@ -73,6 +82,18 @@ class PinExpiry(Protocol):
 
 
 @runtime_checkable
+class FinishedTurnWait(Protocol):
+    def caches_provisional_pins(self, step: StepView) -> bool:
+        """With ``pins_finished_requests``: whether the engine keeps the blocks of the
+        turns that finish before its next decision cached at the top retention
+        priority (True) instead of held (False) while the daemon decides on their pins,
+        so that no allocation waits on the answer (vllm_plugin/provisional.py). Asked
+        once per decision, before ``on_finish``; ``step.late_answer_share`` says how
+        late the engine's answers land."""
+        ...
+
+
+@runtime_checkable
 class Policy(
     WaitingOrder,
     VictimOrder,
@@ -80,6 +101,7 @@ class Policy(
     PressureRelief,
     PinsUnderPressure,
     PinExpiry,
+    FinishedTurnWait,
     Protocol,
 ):
     """A complete policy: every extension point. Build one by subclassing
@@ -93,19 +115,8 @@ class Policy(
     # only for a policy that does.
     reads_waiting_demand: bool
 
-    def caches_provisional_pins(self, engine_id: str,
-                                late_answer_share: float | None = None) -> bool:
-        """With pins_finished_requests: whether the engine keeps the blocks of the
-        turns that finish before its next decision cached at the top retention
-        priority instead of held, so that no allocation waits on the daemon's
-        answer (vllm_plugin/provisional.py). Asked once per decision.
-        ``late_answer_share``: the share of the engine's recent answers it applied
-        3 or more steps after their report (sidecar/telemetry/answer_lag.py; None
-        before any): how long what it holds waits on an answer."""
-        ...
-
     def forget_engine(self, engine_id: str) -> None:
-        """Drop what the policy keeps about ``engine_id``: the engine left (no session,
-        silent for ``engine_forget_after_s``). Engine ids come and go with pods; an
-        engine that reports again is learned again."""
+        """Drop the per-engine state the policy keeps about ``engine_id``: the engine
+        left (no session, silent for ``engine_forget_after_s``). Engine ids come and go
+        with pods; an engine that reports again is learned again."""
         ...

@@ -14,8 +14,11 @@ from __future__ import annotations
 import bisect
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_Value = TypeVar("_Value")
 
 
 class RequestState(enum.Enum):
@@ -250,9 +253,32 @@ class EngineCost:
     prefill_relative_error: float
 
 
+class StepScratch:
+    """Scratch space for the hooks of one step view, in the spirit of the Kubernetes
+    scheduling framework's ``CycleState``: what one hook computes and another hook of
+    the same step reads again (a price, an admission order) is kept here, not behind
+    the caller's back. Every ``StepView`` starts with an empty one, and so does a view
+    derived with ``dataclasses.replace`` (the runtime derives one when pins change
+    within a step). Each user keys its entries by itself (a policy: ``self``)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[object, object] = {}
+
+    def get_or_create(self, key: object, create: Callable[[], _Value]) -> _Value:
+        """The entry under ``key``, created by ``create()`` on first use."""
+        try:
+            return self._entries[key]  # type: ignore[return-value]
+        except KeyError:
+            value = self._entries[key] = create()
+            return value
+
+
 @dataclass(frozen=True, slots=True)
 class StepView:
-    """Everything a policy may look at when deciding one engine step."""
+    """Everything a policy may look at when deciding one engine step, and the step's
+    scratch space (``scratch``)."""
 
     engine_id: str
     now_s: float
@@ -278,6 +304,13 @@ class StepView:
     # (sidecar.runtime.steptime.PrefillRate); None before its second report. Times
     # the prefill cost: the share of its time the engine spends on prompts.
     prefill_tokens_per_s: float | None = None
+    # The share of this engine's recent answers it applied 3 or more steps after their
+    # report (sidecar/telemetry/answer_lag.py); None before any. How long what the
+    # engine holds for the daemon's answer waits on it.
+    late_answer_share: float | None = None
+    # Scratch space of this view's hooks (never compared, never copied by replace).
+    scratch: StepScratch = field(default_factory=StepScratch, init=False, repr=False,
+                                 compare=False)
 
     @property
     def seen_until_s(self) -> float:

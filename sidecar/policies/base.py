@@ -4,10 +4,14 @@ A policy subclasses :class:`NativePolicy` and overrides the one to three hooks w
 differs from vLLM; every hook it leaves alone keeps vLLM's semantics, so a partial
 policy is always a complete, safe one.
 
-Contracts (on top of ``sidecar.framework.protocols``): hooks are pure functions of
-their input and the policy's parameters (no clock, no randomness, no I/O), so the
-digital twin replays them exactly; orderings are total (ties broken by request id),
-so two daemons given the same step decide the same.
+Contracts (``sidecar.framework.protocols``, checked against every registered policy by
+``tests/unit/test_policy_contract.py``): no I/O, no clock but the step's ``now_s``, no
+randomness. A hook's answer depends on its input, the policy's parameters and, for a
+policy that keeps it, the state it keeps per engine, fed by that engine's steps in
+order and dropped by ``forget_engine``; so the digital twin replays a policy exactly,
+and the same step seen twice gets the same answer. Orderings are total (ties broken by
+request id), so two daemons given the same steps decide the same. Scratch shared by
+the hooks of one step lives in ``StepView.scratch``.
 """
 
 from __future__ import annotations
@@ -59,14 +63,13 @@ class NativePolicy:
             raise TypeError(f"{self.name} needs {self.params_model.__name__}, "
                             f"got {type(self.params)!r}")
 
-    def caches_provisional_pins(self, engine_id: str,
-                                late_answer_share: float | None = None) -> bool:
+    def caches_provisional_pins(self, step: StepView) -> bool:
         """Held (False) or cached at the top retention priority (True) while the
         daemon decides on a pin (vllm_plugin/provisional.py)."""
         return False
 
     def forget_engine(self, engine_id: str) -> None:
-        """The engine left: vLLM's scheduling keeps nothing about it."""
+        """The engine left: vLLM's scheduling keeps no state per engine."""
 
     def order_waiting(self, step: StepView) -> Ordering:
         # vLLM's FCFS queue is a deque in arrival order.

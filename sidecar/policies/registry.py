@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from sidecar.framework.protocols import Policy
-from sidecar.policies.adaptive.policy import AdaptiveParams, AdaptivePolicy
+from sidecar.policies.adaptive.params import AdaptiveParams
+from sidecar.policies.adaptive.policy import AdaptivePolicy
 from sidecar.policies.base import PolicyParams
 from sidecar.policies.contextserve.policy import ContextServeParams, ContextServePolicy
 from sidecar.policies.continuum.policy import ContinuumParams, ContinuumPolicy

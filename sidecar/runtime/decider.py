@@ -174,8 +174,6 @@ class Decider:
         decision = pb.StepDecision(
             seq=seq, policy=self.policy.name,
             provisional_pins=self.policy.pins_finished_requests,
-            provisional_cache=self.policy.caches_provisional_pins(
-                mirror.engine_id, late_answer_share=mirror.answer_lags.late_share()),
             count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:
@@ -184,6 +182,7 @@ class Decider:
             self._decide_retention(mirror, delta, state, decision)
 
         step = self._step_view(mirror)
+        decision.provisional_cache = self.policy.caches_provisional_pins(step)
         for finished in delta.finished:
             state.sent_priority.pop(finished.request.request_id, None)
             self._decide_finish(mirror, step, finished.request, finished.event, decision)
@@ -256,6 +255,7 @@ class Decider:
             engine_cost=mirror.engine_cost,
             prefill_tokens_per_s=mirror.prefill_rate.per_s(),
             arrivals_seen_until_s=mirror.arrivals_seen_until_s,
+            late_answer_share=mirror.answer_lags.late_share(),
         )
 
     def _decide_finish(

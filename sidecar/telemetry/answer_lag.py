@@ -8,7 +8,7 @@ Where the engine keeps every CPU busy the daemon waits for one now and then, and
 large share of the answers land 3 or more steps late (the engine benchmark reports the
 lags of each run). Whatever the engine keeps waiting on an answer meanwhile is kept
 that much longer: a policy reads the recent share of late answers to choose a wait that
-costs less (``Policy.caches_provisional_pins``'s ``late_answer_share``).
+costs less (``StepView.late_answer_share``, read by ``Policy.caches_provisional_pins``).
 """
 
 from __future__ import annotations

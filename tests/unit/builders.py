@@ -56,6 +56,8 @@ class StepBuilder:
     _engine_cost: EngineCost | None = None
     _seen_until_s: float | None = None
     _prefill_tokens_per_s: float | None = None
+    _engine_id: str = "engine-0"
+    _late_answer_share: float | None = None
 
     def _request(
         self,
@@ -149,6 +151,16 @@ class StepBuilder:
         self._seen_until_s = at_s
         return self
 
+    def on_engine(self, engine_id: str) -> StepBuilder:
+        """The step of another engine than ``engine-0``."""
+        self._engine_id = engine_id
+        return self
+
+    def late_answers(self, share: float | None) -> StepBuilder:
+        """The share of the engine's recent answers that landed 3 or more steps late."""
+        self._late_answer_share = share
+        return self
+
     def stalled(self) -> StepBuilder:
         """The engine's last step admitted nothing although requests waited."""
         self._stalled = True
@@ -165,7 +177,7 @@ class StepBuilder:
                       if (d := distribution(tool, samples)) is not None}
         pooled = [sample for samples in self._samples.values() for sample in samples]
         return StepView(
-            engine_id="engine-0",
+            engine_id=self._engine_id,
             now_s=self.now,
             kv=KvView(self.total_blocks, self.free_blocks, self.block_size_tokens,
                       admission_stalled=self._stalled,
@@ -179,6 +191,7 @@ class StepBuilder:
             engine_cost=self._engine_cost,
             arrivals_seen_until_s=self._seen_until_s,
             prefill_tokens_per_s=self._prefill_tokens_per_s,
+            late_answer_share=self._late_answer_share,
         )
 
     def finish(

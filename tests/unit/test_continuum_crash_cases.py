@@ -31,10 +31,15 @@ class MiniEngine:
     """Just enough of the runtime: live requests, pins, the tracker, one policy."""
 
     policy: Policy
+    free_blocks: int = 0
     tracker: JobTracker = field(default_factory=JobTracker)
     live: dict[str, RequestView] = field(default_factory=dict)
     pins: dict[str, PinView] = field(default_factory=dict)
     measured: list[MeasuredToolTime] = field(default_factory=list)
+    # Per finished request: the pins held when it finished, and the other pins its
+    # finish released (superseded as its job's older pins).
+    held_at_finish: dict[str, set[str]] = field(default_factory=dict)
+    superseded: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def arrive(self, request_id: str, job_id: str | None, at_s: float, last: bool = False) -> None:
         sample = self.tracker.on_arrival(job_id, request_id, at_s)
@@ -57,7 +62,7 @@ class MiniEngine:
         view = StepView(
             engine_id="e",
             now_s=now_s,
-            kv=KvView(total_blocks=100, free_blocks=0, block_size_tokens=16),
+            kv=KvView(total_blocks=100, free_blocks=self.free_blocks, block_size_tokens=16),
             waiting=tuple(requests),
             running=tuple(requests[:1]),
             pins=tuple(pins),
@@ -87,6 +92,8 @@ class MiniEngine:
                 global_tool_times=distribution("*", [0.2, 0.3]),
             )
         )
+        self.held_at_finish[request_id] = set(self.pins)
+        self.superseded[request_id] = tuple(decision.release_pins)
         for old in decision.release_pins:
             self.pins.pop(old, None)
         if decision.action is RetainAction.PIN:
@@ -101,7 +108,8 @@ POLICIES = list(available_policies())
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_requests_without_job_id_are_jobs_of_their_own(name: str) -> None:
-    engine = MiniEngine(build_policy(name, {}))
+    # Memory idle: the pins stay while the other job-less requests finish.
+    engine = MiniEngine(build_policy(name, {}), free_blocks=100)
     engine.arrive("req-1", None, 0.0)
     engine.arrive("req-2", "", 0.5)  # an empty job id is no job id either
     engine.step(0.6)
@@ -116,10 +124,11 @@ def test_requests_without_job_id_are_jobs_of_their_own(name: str) -> None:
     view = engine.tracker.view("req-1")
     assert view is not None
     assert (view.turns_finished, view.requests_in_flight) == (1, 0)
-    # Nothing was shared between the job-less requests: no pin was superseded by
-    # another request's finish.
+    # Nothing was shared between the job-less requests: no finish superseded another
+    # request's pin, although every policy that pins held req-1's when req-2 finished.
+    assert engine.superseded == {"req-1": (), "req-2": (), "req-3": ()}
     if name != "fcfs":
-        assert set(engine.pins) <= {"req-1", "req-3"}
+        assert "req-1" in engine.held_at_finish["req-2"]
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from sidecar.framework.protocols import Policy
-from sidecar.framework.types import RetainAction
+from sidecar.framework.types import RetainAction, StepView
 from sidecar.policies.adaptive.value import memory_pressure
 from sidecar.policies.registry import PolicyConfigError, build_policy
 from tests.unit.builders import distribution, step
@@ -43,28 +43,42 @@ def test_a_tool_running_past_every_sample_is_not_expected_back() -> None:
     assert times.expected_remaining_s(30.0, 10.0) == 10.0
 
 
-def test_expected_hold_is_within_the_horizon_and_matches_the_mean() -> None:
+def _from_samples(elapsed_s: float, horizon_s: float) -> tuple[float, float]:
+    """P(back within horizon_s | ran elapsed_s) and E[min(T - elapsed_s, horizon_s) |
+    T > elapsed_s], counted on the samples themselves."""
+    alive = [t for t in UNIFORM_1_TO_10 if t > elapsed_s]
+    back = sum(1 for t in alive if t <= elapsed_s + horizon_s) / len(alive)
+    held = sum(min(t - elapsed_s, horizon_s) for t in alive) / len(alive)
+    return back, held
+
+
+def test_expected_hold_matches_the_samples_and_the_mean() -> None:
     times = distribution("make", UNIFORM_1_TO_10)
     assert times is not None
     mean_s = sum(UNIFORM_1_TO_10) / len(UNIFORM_1_TO_10)
     # Unbounded horizon from the start: the mean, up to the sketch's bucket width.
     assert times.expected_remaining_s(0.0, 1000.0) == pytest.approx(mean_s, rel=0.05)
-    for elapsed_s in (0.0, 2.0, 5.0, 9.0):
+    for elapsed_s in (0.0, 2.0, 5.0, 7.0):
         for horizon_s in (0.5, 2.0, 8.0):
-            held = times.expected_remaining_s(elapsed_s, horizon_s)
-            assert 0.0 <= held <= horizon_s
+            _, held_s = _from_samples(elapsed_s, horizon_s)
+            assert times.expected_remaining_s(elapsed_s, horizon_s) == pytest.approx(
+                held_s, rel=0.05), (elapsed_s, horizon_s)
     assert times.survival(0.0) == 1.0 and times.survival(100.0) == 0.0
 
 
-def test_the_outlook_of_several_horizons_matches_one_at_a_time() -> None:
+def test_the_outlook_of_several_horizons_matches_the_samples() -> None:
     times = distribution("make", UNIFORM_1_TO_10)
     assert times is not None
     horizons = (0.25, 1.0, 4.0, 16.0, 30.0)
-    for elapsed_s in (0.0, 3.0, 9.9, 12.0):
+    for elapsed_s in (0.0, 2.0, 5.0, 7.0):
         outlook = times.conditional_outlook(elapsed_s, horizons)
-        assert outlook == tuple(
-            (pytest.approx(times.probability_within_given(elapsed_s, h)),
-             pytest.approx(times.expected_remaining_s(elapsed_s, h))) for h in horizons)
+        assert len(outlook) == len(horizons)
+        for horizon_s, (back, held_s) in zip(horizons, outlook, strict=True):
+            expected_back, expected_held_s = _from_samples(elapsed_s, horizon_s)
+            assert back == pytest.approx(expected_back, abs=0.04), (elapsed_s, horizon_s)
+            assert held_s == pytest.approx(expected_held_s, rel=0.06), (elapsed_s, horizon_s)
+    # Past every sample: not expected back at any horizon, held the whole horizon.
+    assert times.conditional_outlook(12.0, horizons) == tuple((0.0, h) for h in horizons)
 
 
 def test_an_empty_distribution_answers_nan() -> None:
@@ -117,6 +131,12 @@ def test_last_step_is_released_and_supersedes_older_pins(adaptive: Policy) -> No
     assert decision.release_pins == ("r1",)
 
 
+def _engine(engine_id: str = "engine-0", late: float | None = None) -> StepView:
+    """A step of ``engine_id`` whose recent answers landed ``late`` (share 3 or more
+    steps late; None: none counted yet)."""
+    return step(now=10).on_engine(engine_id).late_answers(late).build()
+
+
 def test_auto_holds_finished_turns_while_most_recent_finishes_are_pinned() -> None:
     """provisional_cache=auto: the engine holds a finished turn's blocks while the
     daemon decides when the policy has mostly been pinning that engine's turns, and
@@ -124,23 +144,23 @@ def test_auto_holds_finished_turns_while_most_recent_finishes_are_pinned() -> No
     (sidecar/policies/adaptive/waiting.py)."""
     policy = build_policy("adaptive", {"provisional_cache": "auto"})
     s = _short_memory()  # engine-0
-    assert policy.caches_provisional_pins("engine-0") is False, "no answer yet: held"
+    assert policy.caches_provisional_pins(_engine()) is False, "no answer yet: held"
     for _ in range(3):
         assert policy.on_finish(s.finish("r1", tool="ls", samples_s=FAST,
                                          blocks=100)).action is RetainAction.PIN
-    assert policy.caches_provisional_pins("engine-0") is False
+    assert policy.caches_provisional_pins(_engine()) is False
     for released in range(1, 5):
         assert policy.on_finish(s.finish("r1", tool="make", samples_s=SLOW,
                                          blocks=100)).action is RetainAction.SOFT_RETAIN
-        assert policy.caches_provisional_pins("engine-0") is (released > 3), released
+        assert policy.caches_provisional_pins(_engine()) is (released > 3), released
     # Last turns are no pin question: they do not move the share.
     policy.on_finish(step(now=10).running("r9", job="z", last=True).finish("r9"))
-    assert policy.caches_provisional_pins("engine-0") is True
-    assert policy.caches_provisional_pins("engine-1") is False, "per engine"
+    assert policy.caches_provisional_pins(_engine()) is True
+    assert policy.caches_provisional_pins(_engine("engine-1")) is False, "per engine"
     fixed = build_policy("adaptive", {"provisional_cache": "true"})
-    assert fixed.caches_provisional_pins("engine-0") is True
+    assert fixed.caches_provisional_pins(_engine()) is True
     assert build_policy("adaptive", {"provisional_cache": "false"}).caches_provisional_pins(
-        "engine-0") is False
+        _engine()) is False
 
 
 def test_auto_caches_finished_turns_while_the_engines_answers_run_late() -> None:
@@ -152,15 +172,15 @@ def test_auto_caches_finished_turns_while_the_engines_answers_run_late() -> None
     for _ in range(3):
         assert policy.on_finish(s.finish("r1", tool="ls", samples_s=FAST,
                                          blocks=100)).action is RetainAction.PIN
-    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.0) is False
-    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.09) is False
-    assert policy.caches_provisional_pins("engine-0", late_answer_share=0.1) is True
-    assert policy.caches_provisional_pins("engine-1", late_answer_share=0.3) is True, (
+    assert policy.caches_provisional_pins(_engine(late=0.0)) is False
+    assert policy.caches_provisional_pins(_engine(late=0.09)) is False
+    assert policy.caches_provisional_pins(_engine(late=0.1)) is True
+    assert policy.caches_provisional_pins(_engine("engine-1", late=0.3)) is True, (
         "late before any finish: cached")
-    assert policy.caches_provisional_pins("engine-0", late_answer_share=None) is False
+    assert policy.caches_provisional_pins(_engine(late=None)) is False
     # A mode set by hand is kept, late or not.
     held = build_policy("adaptive", {"provisional_cache": "false"})
-    assert held.caches_provisional_pins("engine-0", late_answer_share=0.5) is False
+    assert held.caches_provisional_pins(_engine(late=0.5)) is False
 
 
 def _released_big_context(policy: Policy) -> None:
@@ -187,9 +207,10 @@ def test_a_pin_that_would_push_out_a_released_context_is_priced(adaptive: Policy
     fast = adaptive.on_finish(_idle_finish("ls", FAST))
     assert fast.action is RetainAction.PIN, "a 0.1 s tool displaces little: still pinned"
 
-    waiting_only = build_policy("adaptive", {"price_counts_released_contexts": "false"})
-    _released_big_context(waiting_only)
-    assert waiting_only.on_finish(_idle_finish("make", SLOW)).action is RetainAction.PIN
+    # With no context released, the same finish is pinned: the released context is
+    # what priced it.
+    nothing_released = build_policy("adaptive", {})
+    assert nothing_released.on_finish(_idle_finish("make", SLOW)).action is RetainAction.PIN
 
 
 def test_released_contexts_price_memory_only_while_the_waiting_requests_fit() -> None:
@@ -458,25 +479,6 @@ def test_an_older_jobs_turn_that_fits_is_credited_on_an_engine_with_time_to_spar
     assert "those that fit in the free blocks" in ordering.reason
 
 
-@pytest.mark.parametrize(("prefill_per_s", "order", "credited"), [
-    (1_000, ["new", "old2"], "none below saturation"),  # 10%: arrival order, fits or not
-    (5_000, ["old2", "new"], "every one"),              # 50%: saturated, credited
-])
-def test_with_no_credit_below_saturation_only_a_saturated_engine_credits_a_jobs_age(
-        prefill_per_s: float, order: list[str], credited: str) -> None:
-    # An engine with time to spare gains little from putting older jobs' turns first
-    # and its new jobs' first tokens wait for them.
-    policy = build_policy("adaptive", {"credit_below_saturation": "none"})
-    s = (step(now=10.0, free_blocks=8)
-         .waiting("new", job="n", arrive=9.5, prompt=16)
-         .waiting("old2", job="o", arrive=9.9, prompt=128)
-         .job("n", first_arrival=9.5).job("o", first_arrival=1.0, turns=1)
-         .demand(12).engine_cost(1e-4).prefill_rate(prefill_per_s))
-    ordering = policy.order_waiting(s.build())
-    assert list(ordering.request_ids) == order
-    assert f"by job age up to 30 s ({credited}:" in ordering.reason
-
-
 def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
     """A new job that has waited 2.5 s behind ``young`` turns of an old job that just
     arrived, one request running."""
@@ -511,7 +513,6 @@ def test_a_bound_that_does_not_widen_holds_under_a_shortage() -> None:
     s = _queue(now=20.0).pin("old-turn", job="o", blocks=1)
     s.free_blocks = 0
     tail_first = build_policy("adaptive", {"overdue_widening": "0"})
-    assert tail_first.overdue_multiple(s.build()) == 1.75  # type: ignore[attr-defined]
     ordering = tail_first.order_waiting(s.build())
     assert list(ordering.request_ids) == ["starved", "old0", "old1", "old2", "old3"]
     assert "1.75x fair share" in ordering.reason
@@ -708,22 +709,22 @@ def test_fcfs_recompute_is_per_engine_and_starts_afresh_when_the_clock_goes_back
         FcfsRecompute(window_s=0.0)
 
 
-def _admitting_kept_contexts(policy: Policy, until_s: float) -> None:
+def _admitting_kept_contexts(policy: Policy, until_s: float, cached: int) -> None:
     """A minute of steps (0.1 s each) in which memory is short and the engine admits
-    10 continuing turns a second, each finding 7,900 of its 8,000 tokens cached (kept
-    by the policy: jobs share nothing)."""
+    10 continuing turns a second, each finding ``cached`` of its 8,000 tokens cached
+    (kept by the policy: jobs share nothing)."""
     for tick in range(600):
         now = until_s - 60.0 + 0.1 * tick
         s = step(now=now).waiting(f"w{tick}", job=f"w{tick}", arrive=now, prompt=64)
         s.free_blocks = 0
-        s.running(f"adm{tick}", job=f"job{tick}", prompt=8000, cached=7900)
+        s.running(f"adm{tick}", job=f"job{tick}", prompt=8000, cached=cached)
         policy.order_waiting(s.job(f"job{tick}", first_arrival=0.0, turns=3).build())
 
 
 def test_the_fair_share_counts_what_fcfs_would_re_compute() -> None:
-    def first_admitted(params: dict[str, object]) -> str:
-        policy = build_policy("adaptive", params)
-        _admitting_kept_contexts(policy, until_s=200.0)
+    def first_admitted(cached: int) -> str:
+        policy = build_policy("adaptive", {})
+        _admitting_kept_contexts(policy, until_s=200.0, cached=cached)
         # 41 new jobs have waited 20..60 s behind a turn of a job in flight (holding
         # a pin).
         s = (step(now=200.0).running("r", job="x").waiting("cont", job="o", arrive=199.9)
@@ -733,14 +734,14 @@ def test_the_fair_share_counts_what_fcfs_would_re_compute() -> None:
         s.free_blocks = 0
         return policy.order_waiting(s.job("o", first_arrival=1.0, turns=3).build()).request_ids[0]
 
-    # Counted as FCFS admissions one for one: 42 waiting at 10 a second, ~4 s each in
-    # arrival order; 4 shares (memory short) is 17 s and the oldest new job, 60 s,
-    # is forced in over the job in flight.
-    assert first_admitted({"share_counts_fcfs_recompute": False}) == "new60"
+    # Turns that found nothing cached: FCFS would re-compute nothing more and admits
+    # as fast: 42 waiting at 10 a second, ~4 s each in arrival order; 4 shares (memory
+    # short) is 17 s and the oldest new job, 60 s, is forced in over the job in flight.
+    assert first_admitted(cached=0) == "new60"
     # FCFS would re-compute the 7,900 cached tokens of each (0.79 s, ~8 s a second of
     # extra work): it would admit ~9x slower, hold each ~37 s, and 60 s is within
     # the bound: the job in flight goes first.
-    assert first_admitted({}) == "cont"
+    assert first_admitted(cached=7900) == "cont"
 
 
 def test_the_admission_rate_is_a_time_average_per_engine() -> None:
@@ -893,7 +894,11 @@ def test_a_pin_whose_job_is_back_gives_way_last_and_only_if_cheaper_than_the_vic
         ({"admission_window_s": 0}, "admission_window_s"),
         ({"memory_pryce": 1.0}, "memory_pryce"),
         ({"provisional_cache": "sometimes"}, "provisional_cache"),
-        ({"credit_below_saturation": "all"}, "credit_below_saturation"),
+        # Removed parameters are refused by name, not silently ignored.
+        ({"step_s": 0.011}, "step_s"),
+        ({"share_counts_fcfs_recompute": False}, "share_counts_fcfs_recompute"),
+        ({"price_counts_released_contexts": False}, "price_counts_released_contexts"),
+        ({"credit_below_saturation": "none"}, "credit_below_saturation"),
     ],
 )
 def test_bad_parameters_are_named(params: dict[str, object], message: str) -> None:

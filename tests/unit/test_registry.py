@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from sidecar.framework.protocols import Policy
@@ -21,7 +23,20 @@ def test_registered_policies() -> None:
 @pytest.mark.parametrize("name", ["fcfs", "continuum", "contextserve", "adaptive"])
 def test_every_policy_builds_with_defaults_and_implements_every_hook(name: str) -> None:
     policy = build_policy(name, {})
-    assert isinstance(policy, Policy)
+    # Every hook of the contract, callable as the runtime calls it: the same
+    # parameters (names, kinds) as the Protocol declares. (A runtime-checkable
+    # Protocol's isinstance checks only that the names exist.) What the hooks answer
+    # is tests/unit/test_policy_contract.py's.
+    hooks = [member for member in dir(Policy) if not member.startswith("_")
+             and inspect.isfunction(getattr(Policy, member))]
+    assert {"order_waiting", "on_finish", "caches_provisional_pins"} <= set(hooks)
+    for hook in hooks:
+        declared = list(inspect.signature(getattr(Policy, hook)).parameters.values())[1:]
+        implemented = list(inspect.signature(getattr(policy, hook)).parameters.values())
+        assert [(p.name, p.kind) for p in implemented] == [
+            (p.name, p.kind) for p in declared], hook
+    assert isinstance(policy.pins_finished_requests, bool)
+    assert isinstance(policy.reads_waiting_demand, bool)
     assert policy.name == name
     # Defaults are visible for inspection and round-trip into an equal policy.
     assert policy_parameters(build_policy(name, policy_parameters(policy))) == (

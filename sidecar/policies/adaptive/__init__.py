@@ -1,3 +1,4 @@
-from sidecar.policies.adaptive.policy import AdaptiveParams, AdaptivePolicy
+from sidecar.policies.adaptive.params import AdaptiveParams
+from sidecar.policies.adaptive.policy import AdaptivePolicy
 
 __all__ = ["AdaptiveParams", "AdaptivePolicy"]

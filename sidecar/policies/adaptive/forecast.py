@@ -1,6 +1,7 @@
-"""What ``adaptive`` remembers of an engine's recent past: the price of memory, the
-rate at which the engine admits requests, and when arrival order would have admitted
-each request waiting now.
+"""What ``adaptive`` remembers of an engine's recent past (``state.EngineMemory``
+holds one of each): the price of memory, the rate at which the engine admits
+requests, when arrival order would have admitted each request waiting now, how much
+slower FCFS would admit, and the contexts released while their job is in a tool.
 
 The price of memory over the next seconds, forecast from its recent past.
 
@@ -19,12 +20,9 @@ request that has waited a while, the arrival-order clock says when FCFS would ha
 admitted it, had it admitted as many requests as the engine did, fewer by what FCFS
 would have re-computed of the contexts this engine kept (``FcfsRecompute``).
 
-The only state in ``adaptive``: per engine, three floats for the price; two floats and
-the ids of the running requests for the rate; the ids of the live requests, with a
-number or a time each, for the clock; three floats for FCFS's re-compute. All go
-when the daemon forgets the engine (``PerEngine.forget``). A daemon restart starts
-them afresh (memory assumed idle, the rate unknown, no request yet due
-under arrival order, FCFS as fast as the engine, until steps say otherwise).
+Each is fed by an engine's steps in order; a step seen twice (the same ``now_s``) adds
+nothing to it, and a clock that goes back (an engine restarted under the same id)
+starts it afresh. All go when the daemon forgets the engine (``PerEngine.forget``).
 """
 
 from __future__ import annotations
@@ -42,8 +40,9 @@ _State = TypeVar("_State")
 
 
 class PerEngine(Generic[_State]):
-    """State kept per engine id, under a lock (the twin decides on threads), and
-    dropped when the daemon forgets the engine (``AdaptivePolicy.forget_engine``)."""
+    """State kept per engine id, under a lock (engines may be decided on different
+    threads), and dropped when the daemon forgets the engine
+    (``AdaptivePolicy.forget_engine``)."""
 
     def __init__(self) -> None:
         self._engines: dict[str, _State] = {}
@@ -243,9 +242,7 @@ class FcfsRecompute(PerEngine[_Recompute]):
     Only the share of a prompt FCFS must allocate anew delays its admissions, so the
     extra work counts ``1 - shared_fraction`` of it: with prompts mostly shared,
     FCFS admits a turn into the few blocks it needs at once and pays the re-compute
-    in preemptions of the running requests, not in the wait of the waiting ones
-    (twin, calibrated workload, 12 jobs/s, 3,000 blocks: FCFS's maximum TTFT 16 s
-    while its average job is twice adaptive's; jobs sharing nothing, 4 jobs/s: 66 s).
+    in preemptions of the running requests, not in the wait of the waiting ones.
     The factor assumes the engine busy; its only use is a bound on waiting, which
     matters only when requests queue."""
 

@@ -51,11 +51,10 @@ def memory_pressure(step: StepView, memory_price: float,
     ``released_blocks``: the cached contexts of jobs in a tool that are expected back
     (``ReleasedContexts``). While the waiting requests fit in the free blocks, those
     contexts want the rest of the pool to stay cached: the price is their shortfall,
-    and a pin that holds blocks they need is not free (on the CPU engine, 24 blocks,
-    pins of small contexts cost the biggest ones their cache). Once the waiting
-    requests need every free block they evict those contexts whatever the pins do,
-    and the price is the waiting demand's alone (counting both there cost the
-    11-turn twin workload 3.8% at 3,000 blocks and 12 jobs/s)."""
+    and a pin that holds blocks they need is not free (on a small cache, pins of
+    small contexts would cost the biggest ones their cache). Once the waiting requests
+    need every free block they evict those contexts whatever the pins do, and the
+    price is the waiting demand's alone."""
     demand = step.kv.waiting_demand_blocks
     if demand is None:  # an older plugin: each request's blocks, shared or not
         pinned = pinned_blocks_by_job(step.pins)

@@ -1,8 +1,8 @@
 """How the engine keeps a finished turn's blocks while the daemon decides on its pin.
 
 The engine reports a finished turn a step after it finished and hears the daemon's
-word some steps later (the answer's lag: one step on a fast engine, seven or more for
-a fifth of the answers on a saturated CPU engine). Until then the blocks are either
+word some steps later (the answer's lag: one step on a fast engine, several on an
+engine whose daemon waits for a CPU). Until then the blocks are either
 held (a provisional pin: nothing else can take them) or cached at the top retention
 priority (free; taken only after every other free block;
 ``vllm_plugin/provisional.py``).
@@ -19,11 +19,9 @@ saturated engine and an idle one behind the same daemon answer differently.
 Except while the answers run late: where a tenth or more of the engine's recent
 answers landed 3 or more steps after their report (a daemon waiting for a CPU on a
 saturated node), cache whatever the share. Held, every finished turn's blocks wait
-out that lag, pinned or not, and on a CPU engine a stall runs 10-30 steps (the twin's
-``--answer-lag-drawn``, fitted to the engines' recorded lags). Cached, an admission
-may take them before a late pin lands; that is what made caching lose in the sweeps
-(jobs sharing nothing at 3,000 blocks), where the answers land on time, and there
-this rule leaves the hold as it was (``ADAPTIVE.md`` items 23, 35 and 37).
+out that lag, pinned or not. Cached, an admission may take them before a late pin
+lands, which costs where memory is short and the answers land on time; there this
+rule leaves the choice to the pin share.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ WINDOW_FINISHES = 32
 # Hold while at least this share of them was pinned: the more likely answer decides.
 HOLD_AT_PIN_SHARE = 0.5
 # Cache, whatever the share, while at least this share of the engine's recent answers
-# landed late (sidecar/telemetry/answer_lag.py: 3 or more steps after their report). A
-# GPU engine's, and the twin's sweeps', are ~0; the CPU engines' 26-33%.
+# landed late (sidecar/telemetry/answer_lag.py: 3 or more steps after their report).
+# Where the daemon has a CPU to itself the share is near 0.
 CACHE_AT_LATE_ANSWER_SHARE = 0.1
 
 
@@ -65,6 +63,6 @@ class PinShare:
 
     def caches(self) -> bool:
         """Cache (True) or hold (False) the next finishes' blocks while the daemon
-        decides. With no finish decided yet: hold, as the policy did before."""
+        decides. With no finish decided yet: hold."""
         share = self.share
         return share is not None and share < HOLD_AT_PIN_SHARE

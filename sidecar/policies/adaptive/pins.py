@@ -1,0 +1,270 @@
+"""``adaptive``'s pin valuation: at a finish pin, soft-retain or release; every step
+re-value each pin and release those no longer worth their memory; order the pins
+that give way when an allocation fails; expire pins whose plan is over.
+
+What a pin is worth is ``value.py``'s; the price it is valued at is the step's
+(``StepState.pin_price``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.framework.types import (
+    FinishInput,
+    Ordering,
+    PinRelease,
+    PinView,
+    PressureOrder,
+    RetainAction,
+    RetainDecision,
+    ToolTimeDistribution,
+)
+from sidecar.policies.adaptive.admission import admission_order
+from sidecar.policies.adaptive.reasons import Reason, Rule
+from sidecar.policies.adaptive.state import StepState
+from sidecar.policies.adaptive.value import (
+    PinValue,
+    outlook_of,
+    pin_value,
+    recompute_s,
+    retention_priority,
+)
+from sidecar.policies.base import (
+    blocks_to_admit,
+    expired_unless_job_waits,
+    pinned_blocks_by_job,
+    superseded_pins,
+    tool_distribution,
+)
+
+
+def on_finish(state: StepState, finished: FinishInput) -> RetainDecision:
+    """A last step is released. Otherwise the pin is valued at elapsed 0 and the pin
+    price: worth more than 0, it is pinned for its best horizon; else soft-retained at
+    a priority that rises with P(back within the longest horizon). The job's older
+    pins are released either way (one pin per job)."""
+    superseded = superseded_pins(finished)
+    request = finished.request
+    if request.is_last_step:
+        return RetainDecision.release(Reason(Rule.LAST_STEP).text(), release_pins=superseded)
+    params = state.params
+    step = finished.step
+    price = state.pin_price()
+    distribution, source = tool_distribution(
+        finished.tool, finished.tool_times, finished.global_tool_times, params.min_samples)
+    value = pin_value(
+        state.valuation,
+        outlook_of(state.valuation, distribution, 0.0),
+        context_tokens=request.prompt_tokens + finished.output_tokens,
+        blocks=finished.blocks,
+        total_blocks=step.kv.total_blocks,
+        price=price,
+        source=source,
+    )
+    if value.value_s > 0.0 and value.horizon_s > 0.0:
+        return RetainDecision.pin(
+            value.horizon_s,
+            Reason(Rule.PIN, horizon_s=value.horizon_s, value_s=value.value_s, price=price,
+                   source=value.source).text(),
+            release_pins=superseded)
+    priority = _soft_priority(state, value.p_return)
+    state.remember_released(request.job_id, finished.blocks)
+    return RetainDecision(
+        RetainAction.SOFT_RETAIN,
+        retention_priority=priority,
+        reason=Reason(Rule.SOFT_RETAIN, price=price, longest_horizon_s=params.longest_horizon_s,
+                      p_return=value.p_return, source=value.source, priority=priority).text(),
+        release_pins=superseded)
+
+
+def release_under_pressure(state: StepState) -> PinRelease:
+    """Release every pin no longer worth its memory (its tool has run long, or memory
+    got short; a pin whose job's next request already waits is about to be used and
+    is not re-valued). Then, when the first request to admit is overdue or the engine
+    idles, and it cannot fit, release the least valuable pins (never its own job's)
+    until it fits."""
+    price = state.pin_price()  # every step, so the forecasts see idle ones
+    step = state.step
+    if not step.pins:
+        return PinRelease((), "")
+    waiting_jobs = {r.job_id for r in step.waiting}
+    pin_by_id = {pin.request_id: pin for pin in step.pins}
+    if price > 0.0:
+        released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
+                    and _value(state, pin, price).value_s <= 0.0]
+    else:  # memory idle: a pin costs nothing unless its job is not coming back
+        released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
+                    and _p_return(state, pin) <= 0.0]
+
+    shortfall_blocks = 0
+    head = _forced_head(state)
+    if head is not None:
+        head_job, shortfall_blocks = head
+        freed = sum(p.blocks for p in step.pins if p.request_id in set(released))
+        # Pins of jobs in a tool, least valuable per block first (a pin whose job's
+        # next turn waits is about to be used). An idle engine also takes the pins of
+        # other waiting jobs, last: when every pin's job waits and none fits, they
+        # would wait on each other until the engine's backstop (max_pin_s) freed them.
+        idle = not step.running and step.kv.admission_stalled
+        candidates = sorted(
+            (p for p in step.pins if p.request_id not in released
+             and p.job_id != head_job and (idle or p.job_id not in waiting_jobs)),
+            key=lambda p: (p.job_id in waiting_jobs,
+                           _value(state, p, price).value_s / max(p.blocks, 1),
+                           p.request_id))
+        for pin in candidates:
+            if freed >= shortfall_blocks:
+                break
+            released.append(pin.request_id)
+            freed += pin.blocks
+    if not released:
+        return PinRelease((), "")
+    priorities = {rid: _soft_priority(state, _p_return(state, pin_by_id[rid]))
+                  for rid in released}
+    for rid in released:
+        pin = pin_by_id[rid]
+        state.remember_released(pin.job_id, pin.blocks)
+    reason = Reason(Rule.NOT_WORTH_MEMORY, price=price, shortfall_blocks=shortfall_blocks)
+    return PinRelease(tuple(released), reason.text(), priorities)
+
+
+def _forced_head(state: StepState) -> tuple[str, int] | None:
+    """(job, blocks short) of the first request to admit when it cannot fit and must
+    get in now: it is past its fair share, or nothing runs and the engine could admit
+    nothing (it would idle until a pin expires). vLLM admits in order and stops at the
+    first request that does not fit.
+
+    Otherwise pins do not give way to a request that does not fit: its blocks come
+    from the running requests as they finish (taking the younger jobs' pins for it
+    turns overload into thrashing)."""
+    step = state.step
+    if not step.waiting:
+        return None
+    order = admission_order(state)
+    idle = not step.running and step.kv.admission_stalled
+    if not order.overdue and not idle:
+        return None
+    head = order.ordered[0]
+    pinned = pinned_blocks_by_job(step.pins)
+    need = blocks_to_admit(head, step.kv.block_size_tokens, pinned.get(head.job_id, 0))
+    shortfall = need - step.kv.free_blocks
+    if idle:
+        shortfall = max(shortfall, 1)
+    if shortfall <= 0:
+        return None
+    return head.job_id, shortfall
+
+
+def order_pins_under_pressure(state: StepState, victims: Ordering) -> PressureOrder:
+    """When a running request's next block cannot be allocated, pins worth less than
+    re-computing the first preemption victim give way first (least valuable first);
+    the rest are kept and vLLM preempts.
+
+    A pin whose job's next request already waits is about to be used: its loss costs
+    its whole re-compute (P(back) = 1, whatever its tool's distribution says), so it
+    gives way only if that is less than the victim's, and after every pin of a job
+    still in its tool."""
+    step = state.step
+    if not step.pins:
+        return PressureOrder((), None, "")
+    running = {r.request_id: r for r in step.running}
+    victim_ids = victims.request_ids
+    victim_cost_s = (recompute_s(running[victim_ids[0]], state.prefill_s_per_token)
+                     if victim_ids else math.inf)
+    price = state.params.memory_price
+    waiting_jobs = {r.job_id for r in step.waiting}
+
+    def p_back(pin: PinView) -> float:
+        return 1.0 if pin.job_id in waiting_jobs else _p_return(state, pin)
+
+    def pin_recompute_s(pin: PinView) -> float:
+        return pin.blocks * step.kv.block_size_tokens * state.prefill_s_per_token
+
+    cheap = sorted(
+        (pin for pin in step.pins if p_back(pin) * pin_recompute_s(pin) < victim_cost_s),
+        key=lambda pin: (pin.job_id in waiting_jobs,
+                         _value(state, pin, price).value_s / max(pin.blocks, 1),
+                         pin.request_id))
+    return PressureOrder(tuple(pin.request_id for pin in cheap), None,
+                         Reason(Rule.PRESSURE_ORDER).text())
+
+
+def expire(state: StepState) -> PinRelease:
+    """Pins whose planned horizon was over by the time this step's arrivals are seen
+    until, and whose job has no request waiting. Expired at ``now_s``, a pin whose
+    horizon ran out during the step just reported would go while its job may be back,
+    not shown yet."""
+    expired = expired_unless_job_waits(state.step, state.step.seen_until_s)
+    return PinRelease(expired, Reason(Rule.HORIZON_OVER).text() if expired else "")
+
+
+# --- a pin's value and P(back), once per step ------------------------------------------
+
+
+def _value(state: StepState, pin: PinView, price: float) -> PinValue:
+    key = (pin.request_id, price)
+    value = state.values.get(key)
+    if value is None:
+        value = state.values[key] = _compute_value(state, pin, price)
+    return value
+
+
+def _distribution(state: StepState, pin: PinView) -> tuple[ToolTimeDistribution | None, str]:
+    step = state.step
+    own = step.tool_times.get(pin.tool) if pin.tool else None
+    return tool_distribution(pin.tool, own, step.global_tool_times, state.params.min_samples)
+
+
+def _p_return(state: StepState, pin: PinView) -> float:
+    """P(the pin's job is back within the longest horizon | its tool's elapsed time):
+    two look-ups, where a full valuation takes one per horizon."""
+    known = state.outlooks.get(pin.request_id)
+    if known is not None:
+        return known[0][-1][0]
+    p_return = state.p_returns.get(pin.request_id)
+    if p_return is None:
+        p_return = state.p_returns[pin.request_id] = _compute_p_return(state, pin)
+    return p_return
+
+
+def _compute_p_return(state: StepState, pin: PinView) -> float:
+    distribution, _ = _distribution(state, pin)
+    elapsed_s = _tool_elapsed_s(state, pin)
+    if distribution is None or distribution.count == 0:
+        outlook = outlook_of(state.valuation, None, elapsed_s)
+        return outlook[-1][0] if outlook else 0.0
+    return distribution.probability_within_given(elapsed_s, state.params.longest_horizon_s)
+
+
+def _compute_value(state: StepState, pin: PinView, price: float) -> PinValue:
+    known = state.outlooks.get(pin.request_id)
+    if known is None:
+        distribution, source = _distribution(state, pin)
+        known = state.outlooks[pin.request_id] = (
+            outlook_of(state.valuation, distribution, _tool_elapsed_s(state, pin)), source)
+    outlook, source = known
+    step = state.step
+    return pin_value(
+        state.valuation,
+        outlook,
+        context_tokens=pin.blocks * step.kv.block_size_tokens,
+        blocks=pin.blocks,
+        total_blocks=step.kv.total_blocks,
+        price=price,
+        source=source,
+    )
+
+
+def _soft_priority(state: StepState, p_return: float) -> int:
+    return retention_priority(p_return, state.params.soft_retain_lowest,
+                              state.params.soft_retain_highest)
+
+
+def _tool_elapsed_s(state: StepState, pin: PinView) -> float:
+    """How long the pin's tool is known to have run without its job coming back: up
+    to the time the step's arrivals are seen until, not ``now_s``. A job back during
+    the step just reported is not in it yet; valued at ``now_s`` its tool would have
+    run past every sample, and the pin be released a step before the job's next turn
+    showed."""
+    return max(state.step.seen_until_s - pin.pinned_at_s, 0.0)
