@@ -50,7 +50,7 @@ case "${1:-}" in
     say "installing the vLLM CPU engine (first run only)"
     scripts/install_engine.sh "$PY"
     shift
-    exec "$PY" -m sidecar.demo "$@"
+    exec "$PY" -m scripts.demo "$@"
     ;;
   test)
     ensure_venv dev
