@@ -127,7 +127,7 @@ def _is_repeated(item: FieldDescriptor) -> bool:
     # protobuf 7 has only ``is_repeated``; 5.29 only ``label`` (both are supported).
     repeated = getattr(item, "is_repeated", None)
     if repeated is None:
-        return bool(item.label == FieldDescriptor.LABEL_REPEATED)
+        return bool(getattr(item, "label") == FieldDescriptor.LABEL_REPEATED)  # noqa: B009
     return bool(repeated)
 
 
