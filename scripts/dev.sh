@@ -60,7 +60,7 @@ case "${1:-}" in
     shift
     say "checking generated stubs, lint and types"
     "$PY" -m sidecar.api.generate --check
-    "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks
+    "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks scripts
     "$VENV/bin/mypy"
     say "running the test suite"
     exec "$PY" -m pytest -q "$@"
