@@ -50,7 +50,7 @@ case "${1:-}" in
     say "installing the vLLM CPU engine (first run only)"
     scripts/install_engine.sh "$PY"
     shift
-    exec "$PY" -m sidecar.demo "$@"
+    exec "$PY" -m scripts.demo "$@"
     ;;
   test)
     ensure_venv dev
@@ -60,7 +60,7 @@ case "${1:-}" in
     shift
     say "checking generated stubs, lint and types"
     "$PY" -m sidecar.api.generate --check
-    "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks
+    "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks scripts
     "$VENV/bin/mypy"
     say "running the test suite"
     exec "$PY" -m pytest -q "$@"

@@ -5,19 +5,21 @@
     kvtether policies
 
 Every configuration problem ends the process with one line on stderr naming it and
-exit code 2; a daemon that cannot reach its Redis exits 3.
+exit code 2; a daemon that cannot reach its Redis exits 3. ``serve`` and ``policies``
+need the daemon's extra (``pip install 'kvtether[daemon]'``); without it they say so
+in one line and exit 2. ``inspect`` needs only the base install, so this module
+imports the daemon's modules lazily.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 if TYPE_CHECKING:
     from sidecar.config import DaemonConfig
@@ -25,13 +27,28 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
 
+# The importable names of the daemon extra's distributions (pyproject.toml).
+DAEMON_MODULES = ("grpc_health", "grpc_reflection", "redis", "prometheus_client",
+                  "structlog", "pydantic", "pydantic_settings", "yaml")
 
-def _param(text: str) -> tuple[str, Any]:
+
+def _param(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    # YAML scalars: 2 → int, 2.5 → float, true → bool, cdf → str.
-    return key, yaml.safe_load(value) if value else value
+    return key, value
+
+
+def _scalar(value: str) -> Any:
+    """A ``--param`` value as a YAML scalar: 2 → int, 2.5 → float, true → bool, cdf → str."""
+    import yaml
+
+    return yaml.safe_load(value) if value else value
+
+
+def missing_daemon_modules() -> list[str]:
+    """The daemon extra's modules this environment lacks."""
+    return [name for name in DAEMON_MODULES if importlib.util.find_spec(name) is None]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +108,7 @@ def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
 
     put("policy.name", args.policy)
     if args.param:
-        put("policy.params", dict(args.param))
+        put("policy.params", {key: _scalar(value) for key, value in args.param})
     put("listen.tcp", args.listen)
     put("listen.unix_socket", args.unix_socket)
     put("metrics.port", args.metrics_port)
@@ -155,6 +172,9 @@ def _run_policies() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("serve", "policies") and (missing := missing_daemon_modules()):
+        return _fail(f"`kvtether {args.command}` needs the daemon's dependencies "
+                     f"({', '.join(missing)} missing): pip install 'kvtether[daemon]'")
     if args.command == "serve":
         return _run_serve(args)
     if args.command == "policies":

@@ -42,7 +42,7 @@ def _more(next_page_token: str) -> str:
 
 def run_inspect(args: argparse.Namespace) -> int:
     if args.tls_ca or args.tls_cert:
-        from sidecar.server.transport import channel_credentials
+        from sidecar.api.credentials import channel_credentials
 
         options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
                    if args.tls_server_name else [])

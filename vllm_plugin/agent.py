@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.api.bounds import FieldError, check_text
-from sidecar.api.v1 import engine_session_pb2 as pb
-from sidecar.retention.ranges import (
+from sidecar.api.retention_ranges import (
     DirectiveError,
     Protection,
     block_protections,
     from_request_directives,
 )
+from sidecar.api.v1 import engine_session_pb2 as pb
 from vllm_plugin.demand import WaitingDemand
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.metadata import RequestMetadata, read_metadata

@@ -73,7 +73,7 @@ class DaemonLink:
         """The link the plugin's settings describe (address, TLS, token), connecting."""
         credentials = None
         if settings.tls:
-            from sidecar.server.transport import channel_credentials
+            from sidecar.api.credentials import channel_credentials
 
             credentials = channel_credentials(settings.tls_ca_file, settings.tls_cert_file,
                                               settings.tls_key_file)

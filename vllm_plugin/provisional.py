@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.retention.ownership import ANONYMOUS
-from sidecar.retention.ranges import DEFAULT, Protection
+from sidecar.api.retention_ownership import ANONYMOUS
+from sidecar.api.retention_ranges import DEFAULT, Protection
 
 # The retention scope the plugin's provisional priority is owned by: no client scope
 # (a tenant's name) can contain the colon.

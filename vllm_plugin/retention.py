@@ -33,7 +33,7 @@ Contract (what the tests in ``tests/unit/test_retention_pool.py`` hold it to):
   scheduler's own evictions) loses its entry; ``reset_prefix_cache`` clears the table.
 - **Ownership** per block: the first scope to protect a block owns it; other scopes
   may only raise it; anonymous requests lower nothing
-  (:mod:`sidecar.retention.ownership`, the same rule the daemon's store applies).
+  (:mod:`sidecar.api.retention_ownership`, the same rule the daemon's store applies).
 - **Limit.** vLLM's simple CPU-offload connector walks ``free_block_queue`` to offload
   blocks near eviction; blocks in the priority queues are invisible to it.
 
@@ -54,8 +54,8 @@ from typing import Any
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 
-from sidecar.retention.ownership import owner_after_set
-from sidecar.retention.ranges import DEFAULT_PRIORITY, Protection, dominates
+from sidecar.api.retention_ownership import owner_after_set
+from sidecar.api.retention_ranges import DEFAULT_PRIORITY, Protection, dominates
 
 logger = logging.getLogger("kvtether.plugin")
 

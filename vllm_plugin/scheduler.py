@@ -68,7 +68,7 @@ class KvtetherMixin:
                 "kvtether needs vLLM's priority policy: start vLLM with "
                 "--scheduling-policy priority"
             )
-        from sidecar.toolcalls import resolve_tool
+        from sidecar.api.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 
         # Retention priorities on this scheduler's own block pool (which stays vLLM's own

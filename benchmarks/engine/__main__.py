@@ -82,7 +82,7 @@ class Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from vllm_plugin.launch import scrape
+        from tests.support.launch import scrape
 
         while not self.stop.wait(0.2):
             with contextlib.suppress(OSError):
@@ -97,8 +97,8 @@ def round_seeds(seed: int, rounds: int, vary: bool) -> list[int]:
 def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[str, Any]:
     """Every job of ``workload`` (already ``scaled`` to this engine) as a client thread:
     each turn a request whose prompt is the job's tokens so far, then its tool's sleep."""
-    from vllm_plugin.client import job_xargs
-    from vllm_plugin.launch import scrape
+    from tests.support.client import job_xargs
+    from tests.support.launch import scrape
 
     before = scrape(base_url)
     sampler = Sampler(base_url)
@@ -199,7 +199,7 @@ VLLM_PHASES = {"queue": "vllm:request_queue_time_seconds",
 
 
 def scrape_families(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A /metrics page by sample name and label set (vllm_plugin.launch.scrape sums the
+    """A /metrics page by sample name and label set (tests.support.launch.scrape sums the
     label sets away)."""
     import urllib.request
 
@@ -589,8 +589,8 @@ def main() -> int:
 
     from benchmarks.twin.workload import generate, scaled
     from tests.support.daemon import DaemonController
+    from tests.support.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
     from tests.support.redis_server import free_port
-    from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
     seeds = round_seeds(args.seed, args.rounds, args.vary_seed)
 

@@ -14,7 +14,7 @@ tokens were computed after. Here each cell's time is fitted to
 by least squares (numpy's), and the two per-token figures are what ``python -m
 benchmarks.twin cpu --prefill-s-per-token A --attention-s-per-pair C`` takes.
 
-The engine is the engine benchmark's (``vllm_plugin.launch``): the tiny model (or
+The engine is the engine benchmark's (``tests.support.launch``): the tiny model (or
 ``KVTETHER_TINY_MODEL_DIR``), dummy weights, float32, eager, max-model-len 2,048,
 prefix caching, vLLM's own scheduler, in this process (``vllm.LLM``). A cell's prefix
 is cached by a request of the prefix alone first; every prompt is fresh random
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--reps: {args.reps} must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from vllm_plugin.launch import tiny_model_dir
+    from tests.support.launch import tiny_model_dir
 
     model_dir = tiny_model_dir()
     cells = measure(model_dir, args.reps)

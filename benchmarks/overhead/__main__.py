@@ -96,8 +96,8 @@ def main() -> int:
         interleaved,
         summarize,
     )
+    from tests.support.launch import tiny_model_dir
     from tests.support.redis_server import free_port
-    from vllm_plugin.launch import tiny_model_dir
 
     model_dir = tiny_model_dir()
     scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))

@@ -85,7 +85,7 @@ class SteadyEngine:
     """One scheduler kept at the load shape, stepped on demand."""
 
     def __init__(self, mode: str, model_dir: Any, shape: LoadShape, env: dict[str, str]) -> None:
-        from vllm_plugin.inprocess import build_scheduler
+        from tests.support.scheduler import build_scheduler
 
         self.mode = mode
         self.shape = shape
@@ -123,7 +123,7 @@ class SteadyEngine:
         return getattr(self.sched, "kvtether", None)
 
     def top_up(self) -> None:
-        from vllm_plugin.inprocess import make_request
+        from tests.support.scheduler import make_request
 
         target = self.shape.running + self.shape.waiting
         while len(self.sched.requests) < target:
@@ -134,7 +134,7 @@ class SteadyEngine:
                 arrival_time=self.clock_s, extra_args=extra))
 
     def step(self, record: bool, forward_s: float = 0.0) -> None:
-        from vllm_plugin.inprocess import model_output
+        from tests.support.scheduler import model_output
 
         self.top_up()
         self.recording = record

@@ -55,7 +55,7 @@ def main() -> int:
     from benchmarks.retention.flood import benchmark
     from benchmarks.retention.pool_overhead import measure
     from tests.support.daemon import running_daemon
-    from vllm_plugin.launch import tiny_model_dir
+    from tests.support.launch import tiny_model_dir
 
     model_dir = tiny_model_dir()
     # Deterministic: each step applies the answer to its own report (fail-closed waits for

@@ -93,7 +93,7 @@ class Run:
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, kind: str, turn: int,
             extra: dict[str, Any]) -> None:
-        from vllm_plugin.inprocess import make_request
+        from tests.support.scheduler import make_request
 
         self.tracked[request_id] = Tracked(kind, turn, len(prompt), self.steps, self.clock_ms)
         self.sched.add_request(make_request(request_id, prompt, max_tokens,
@@ -101,7 +101,7 @@ class Run:
                                             arrival_time=time.time(), extra_args=extra))
 
     def drain(self) -> None:
-        from vllm_plugin.inprocess import model_output
+        from tests.support.scheduler import model_output
 
         while self.sched.has_unfinished_requests():
             output = self.sched.schedule()
@@ -150,7 +150,7 @@ def _push(address: str, session: str, scenario: Scenario) -> None:
 
 def run_mode(scenario: Scenario, mode: str, model_dir: Any, daemon_address: str,
              engine_id: str, step_model: StepModel) -> Run:
-    from vllm_plugin.inprocess import build_scheduler
+    from tests.support.scheduler import build_scheduler
     from vllm_plugin.scheduler import KvtetherScheduler
 
     sched = build_scheduler(model_dir, num_blocks=scenario.num_blocks,

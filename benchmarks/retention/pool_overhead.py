@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sidecar.retention.ranges import Protection
+from sidecar.api.retention_ranges import Protection
 
 BLOCK = 16
 BLOCKS_PER_REQUEST = 8
@@ -31,7 +31,7 @@ def _pool(kind: str, num_blocks: int) -> Any:
 
 
 def _requests(count: int) -> list[Any]:
-    from vllm_plugin.inprocess import make_request
+    from tests.support.scheduler import make_request
 
     return [make_request(f"bench-{i}", [10_000 * i + t for t in range(BLOCK * BLOCKS_PER_REQUEST)],
                          1, BLOCK) for i in range(count)]

@@ -263,7 +263,7 @@ def _answer_lags(run: dict[str, Any]) -> list[float] | None:
 
 
 def engine_config(setup: CpuSetup) -> Any:
-    """vLLM's CPU build as ``vllm_plugin.launch`` starts it: the OpenAI server's CPU
+    """vLLM's CPU build as ``tests.support.launch`` starts it: the OpenAI server's CPU
     batch limits (128 sequences, 2,048 tokens a step), max-model-len 2,048."""
     from benchmarks.twin.simulator import EngineConfig
 

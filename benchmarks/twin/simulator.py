@@ -208,7 +208,7 @@ def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
     answers applied ``answer_lag_steps`` steps later than the next one (a callable:
     drawn for each, ``benchmarks.twin.lag.DrawnLag``); while pins are held, a report
     at least every ``pin_heartbeat_ms`` of the clock (0: every step)."""
-    from vllm_plugin.inprocess import build_scheduler
+    from tests.support.scheduler import build_scheduler
 
     common = dict(num_blocks=config.num_blocks, block_size=config.block_size,
                   max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,

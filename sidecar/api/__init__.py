@@ -1,4 +1,13 @@
-"""The wire API: generated stubs for ``proto/kvtether/v1`` (see proto/README.md).
+"""What the engine plugin and the daemon share: the wire and the rules both sides apply.
 
-Import them through ``sidecar.api.v1``; regenerate with ``python -m sidecar.api.generate``.
+- ``v1`` (and ``kvtether/v1``): the generated stubs for ``proto/kvtether/v1``
+  (see proto/README.md); regenerate with ``python -m sidecar.api.generate``.
+- ``bounds``, ``messages``: the limits on every field a caller sends.
+- ``retention_ranges``, ``retention_ownership``: what a retention config means and
+  who may change it.
+- ``toolcalls``: which tool a finished turn called.
+- ``credentials``: client TLS credentials for the daemon's servers.
+
+The plugin imports this package inside vLLM's engine process, so it imports only the
+standard library, grpcio and protobuf (``tests/unit/test_layering.py`` checks it).
 """

@@ -102,12 +102,13 @@ def _checker(descriptor: Descriptor, skip: frozenset[str], prefix: str) -> Check
                 body += _message_lines(value_field, skip, f"{prefix}{name}.", where, names)
             head, indent = [f"for k, v in {read}.items():"], "    "
         else:
-            where = f'f"{name}[{{i}}]"' if item.is_repeated else f'"{name}"'
+            repeated = _is_repeated(item)
+            where = f'f"{name}[{{i}}]"' if repeated else f'"{name}"'
             if message_type is None:
                 body = _scalar_lines(item, "v", where, names)
             else:
                 body = _message_lines(item, skip, f"{prefix}{name}.", where, names)
-            if item.is_repeated:
+            if repeated:
                 head, indent = [f"for i, v in enumerate({read}):"], "    "
             elif message_type is not None:
                 head, indent = [f'if m.HasField("{name}"):', f"    v = {read}"], "    "
@@ -120,6 +121,14 @@ def _checker(descriptor: Descriptor, skip: frozenset[str], prefix: str) -> Check
     source = "def check(m):\n" + "".join(f"    {line}\n" for line in lines)
     exec(compile(source, f"<checks of {descriptor.full_name}>", "exec"), names)
     return cast(Checker, names["check"])
+
+
+def _is_repeated(item: FieldDescriptor) -> bool:
+    # protobuf 7 has only ``is_repeated``; 5.29 only ``label`` (both are supported).
+    repeated = getattr(item, "is_repeated", None)
+    if repeated is None:
+        return bool(getattr(item, "label") == FieldDescriptor.LABEL_REPEATED)  # noqa: B009
+    return bool(repeated)
 
 
 def _scalar_lines(item: FieldDescriptor, value: str, where: str, names: dict[str, Any]

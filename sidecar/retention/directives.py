@@ -1,8 +1,8 @@
 """Retention directives in the store: their encoding and the store transitions that
 apply the ownership rule atomically, on both backends (``Store.transact``).
 
-What a directive means lives in :mod:`sidecar.retention.ranges` and who may change it
-in :mod:`sidecar.retention.ownership`; both are re-exported here.
+What a directive means lives in :mod:`sidecar.api.retention_ranges` and who may change it
+in :mod:`sidecar.api.retention_ownership`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
-from sidecar.api.v1 import retention_pb2 as pb
-from sidecar.retention.ownership import OwnershipError, check_clear, check_set
-from sidecar.retention.ranges import (
+from sidecar.api.retention_ownership import OwnershipError, check_clear, check_set
+from sidecar.api.retention_ranges import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
     MAX_TOKEN_RANGES,
@@ -25,6 +24,7 @@ from sidecar.retention.ranges import (
     priority_at,
     validate,
 )
+from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.store import Transition, Write
 from sidecar.store.base import Rule
 
@@ -70,7 +70,7 @@ class StoredDirective:
 def set_rule(
     key: str, scope: str, config: pb.RetentionConfig, now_unix_s: float, ttl_ms: int | None
 ) -> Rule[StoredDirective]:
-    """The ownership rule (:mod:`sidecar.retention.ownership`) for a Set, as a store
+    """The ownership rule (:mod:`sidecar.api.retention_ownership`) for a Set, as a store
     transition: it runs atomically on both backends."""
 
     def rule(current: Mapping[str, bytes | None]) -> Transition[StoredDirective]:

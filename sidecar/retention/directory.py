@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import structlog
 
+from sidecar.api.retention_ranges import DirectiveError
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.retention.directives import StoredDirective
-from sidecar.retention.ranges import DirectiveError
 from sidecar.store import Store, StoreError, keys
 
 log = structlog.get_logger("kvtether.retention")

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import structlog
 
+from sidecar.api.retention_ownership import ANONYMOUS
+from sidecar.api.retention_ranges import DirectiveError, merge, validate
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.retention.directives import StoredDirective
 from sidecar.retention.directory import RetentionDirectory
-from sidecar.retention.ownership import ANONYMOUS
-from sidecar.retention.ranges import DirectiveError, merge, validate
 
 log = structlog.get_logger("kvtether.retention")
 

@@ -25,6 +25,7 @@ import grpc
 import structlog
 
 from sidecar.api.bounds import FieldError, check_text, check_time, check_tool
+from sidecar.api.retention_ownership import ANONYMOUS
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
 from sidecar.jobs import JobTracker
@@ -38,7 +39,6 @@ from sidecar.retention.directives import (
     validate,
 )
 from sidecar.retention.directory import RetentionDirectory, target_of
-from sidecar.retention.ownership import ANONYMOUS
 from sidecar.server.checks import check_request
 from sidecar.store import Store, StoreError, keys
 

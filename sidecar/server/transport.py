@@ -1,4 +1,5 @@
-"""How the daemon's gRPC servers listen: TCP (plain or TLS / mutual TLS) and a Unix socket."""
+"""How the daemon's gRPC servers listen: TCP (plain or TLS / mutual TLS) and a Unix socket.
+The client side is ``sidecar.api.credentials``."""
 
 from __future__ import annotations
 
@@ -37,17 +38,3 @@ def bind_tcp(server: grpc.aio.Server, address: str, credentials: grpc.ServerCred
                       "there, or is the address not this host's?)")
     host, _, port = address.rpartition(":")
     return f"{host}:{bound}" if port == "0" else address
-
-
-def channel_credentials(ca_file: str = "", cert_file: str = "", key_file: str = ""
-                        ) -> grpc.ChannelCredentials:
-    """Client side of :func:`server_credentials` (for ``kvtether inspect`` and tools):
-    trust ``ca_file`` (system roots when empty); present a client certificate for
-    mutual TLS when ``cert_file`` and ``key_file`` are given."""
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca_file),
-                                        private_key=_read(key_file),
-                                        certificate_chain=_read(cert_file))
-
-
-def _read(path: str) -> bytes | None:
-    return Path(path).read_bytes() if path else None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import DaemonController
-from tests.support.engine import tiny_model_dir, vllm_available
+from tests.support.engine import engine_available, tiny_model_dir
 from tests.support.redis_server import free_port
 
 # 32 blocks x 128 tokens: small enough that a few agent jobs fill it.
@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-            if not vllm_available():
+            if not engine_available():
                 item.add_marker(pytest.mark.skip(
                     reason="vLLM is not installed: scripts/dev.sh test installs it"))
 
@@ -53,7 +53,7 @@ def daemon() -> Iterator[DaemonController]:
 @pytest.fixture(scope="session")
 def engine(daemon: DaemonController, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[LiveEngine]:
-    from vllm_plugin.launch import EngineSpec, start_engine, wait_healthy
+    from tests.support.launch import EngineSpec, start_engine, wait_healthy
 
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"

@@ -20,8 +20,8 @@ import openai
 
 from sidecar.api.v1 import inspect_pb2, inspect_pb2_grpc
 from tests.e2e.conftest import LiveEngine
-from vllm_plugin.client import AgentJob, cached_tokens
-from vllm_plugin.launch import scrape
+from tests.support.client import AgentJob, cached_tokens
+from tests.support.launch import scrape
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"

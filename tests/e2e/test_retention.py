@@ -25,7 +25,7 @@ import pytest
 
 from tests.e2e.conftest import BLOCK_TOKENS, ENGINE_TOKEN, LiveEngine
 from tests.e2e.test_engine import client, flood, kv_usage, wait_for_daemon_engine
-from vllm_plugin.client import cached_tokens
+from tests.support.client import cached_tokens
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
 OWNER_TOKEN = "dynamo-e2e-token-0123456789"

@@ -494,6 +494,7 @@ def test_daemon_image_is_slim_non_root_and_runs_kvtether() -> None:
     text = (ROOT / "deploy" / "Dockerfile").read_text()
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
     assert ".[dev]" not in text and "[dev]" not in text, "the daemon image installs dev deps"
+    assert "[daemon]" in text, "the daemon image installs kvtether without the daemon extra"
     users = [args for kind, args in instructions if kind == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), "the daemon runs as root"
     exposed = {int(port) for kind, args in instructions if kind == "EXPOSE"

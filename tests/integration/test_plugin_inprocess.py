@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.retention.ranges import Protection
+from sidecar.api.retention_ranges import Protection
 from tests.support.daemon import DaemonController, DaemonProcess, running_daemon
 from tests.support.engine import requires_vllm, tiny_model_dir
 
@@ -40,7 +40,7 @@ class Engine:
                  monkeypatch: pytest.MonkeyPatch, num_blocks: int = 64,
                  async_scheduling: bool = False, wait_connected: bool = True,
                  **env: str) -> None:
-        from vllm_plugin.inprocess import build_scheduler, free_blocks
+        from tests.support.scheduler import build_scheduler, free_blocks
         from vllm_plugin.scheduler import KvtetherScheduler
 
         monkeypatch.setenv("KVTETHER_PLUGIN_DAEMON_ADDRESS", daemon.address)
@@ -67,7 +67,7 @@ class Engine:
 
     def add(self, request_id: str, prompt: list[int], job: str | None, last: bool = False,
             max_tokens: int = 4) -> None:
-        from vllm_plugin.inprocess import make_request
+        from tests.support.scheduler import make_request
 
         # A non-last turn ends with a tool call (Continuum pins only those); the client
         # names it, as vllm_xargs "tool" does.
@@ -78,7 +78,7 @@ class Engine:
                                             arrival_time=time.time(), extra_args=extra))
 
     def step(self) -> Any:
-        from vllm_plugin.inprocess import step
+        from tests.support.scheduler import step
 
         output = step(self.sched)
         self.preemptions += len(output.preempted_req_ids or ())

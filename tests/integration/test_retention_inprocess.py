@@ -56,7 +56,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def add(engine: Engine, request_id: str, prompt: list[int], **extra: Any) -> None:
-    from vllm_plugin.inprocess import make_request
+    from tests.support.scheduler import make_request
 
     engine.sched.add_request(make_request(request_id, prompt, 4, BLOCK, arrival_time=time.time(),
                                           extra_args=extra or None))
@@ -223,7 +223,7 @@ def test_priorities_that_arrive_after_a_short_request_finished_still_apply(
     late_calls: list[object] = []
     retain_freed = retention.retain_freed
     retention.retain_freed = lambda *args: late_calls.append(args) or retain_freed(*args)
-    from vllm_plugin.inprocess import make_request
+    from tests.support.scheduler import make_request
 
     engine.sched.add_request(make_request(
         "one-step", conversation(14, TURN_TOKENS), 1, BLOCK, arrival_time=time.time(),

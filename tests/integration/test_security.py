@@ -15,6 +15,7 @@ import grpc
 import pytest
 import yaml
 
+from sidecar.api.credentials import channel_credentials
 from sidecar.api.v1 import (
     engine_session_pb2,
     engine_session_pb2_grpc,
@@ -23,7 +24,6 @@ from sidecar.api.v1 import (
     retention_pb2,
     retention_pb2_grpc,
 )
-from sidecar.server.transport import channel_credentials
 from tests.integration.test_daemon_process import GRPCURL
 from tests.support.certs import CertificateAuthority, Issued
 from tests.support.daemon import DaemonProcess, running_daemon

@@ -40,8 +40,8 @@ def blocks_admission_would_take(sched: Any) -> int:
 def test_the_count_is_the_distinct_blocks_not_in_use_at_every_step(seed: int) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    from tests.support.scheduler import build_scheduler, make_request, step
     from vllm_plugin.demand import WaitingDemand
-    from vllm_plugin.inprocess import build_scheduler, make_request, step
 
     rng = random.Random(seed)
     # A small cache and a big batch: requests wait, run beside each other and are
@@ -81,8 +81,8 @@ def test_the_count_is_the_distinct_blocks_not_in_use_at_every_step(seed: int) ->
 def test_a_prefix_in_use_that_grows_under_a_waiting_request_is_seen() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    from tests.support.scheduler import build_scheduler, make_request, step
     from vllm_plugin.demand import WaitingDemand
-    from vllm_plugin.inprocess import build_scheduler, make_request, step
 
     sched = build_scheduler(tiny_model_dir(), num_blocks=64, block_size=BLOCK,
                             scheduler_cls=Scheduler, max_num_seqs=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.retention.ranges import Protection
+from sidecar.api.retention_ranges import Protection
 from tests.support.engine import requires_vllm
 from tests.unit.test_retention_pool import (
     Clock,

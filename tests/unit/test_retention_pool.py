@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.retention.ranges import Protection
+from sidecar.api.retention_ranges import Protection
 from tests.support.engine import requires_vllm
 
 pytestmark = requires_vllm
@@ -68,7 +68,7 @@ class Seq:
 
 
 def sequence(pool: Any, num_blocks: int, cached: bool = True, tokens: Sequence[int] = ()) -> Seq:
-    from vllm_plugin.inprocess import make_request
+    from tests.support.scheduler import make_request
 
     global _requests
     _requests += 1
@@ -177,7 +177,7 @@ def test_the_scheduler_pool_is_converted_in_place(tmp_path: Any) -> None:
     from vllm.v1.core.block_pool import BlockPool
 
     from tests.support.engine import tiny_model_dir
-    from vllm_plugin.inprocess import build_scheduler
+    from tests.support.scheduler import build_scheduler
     from vllm_plugin.retention import RetentionBlockPool, install
 
     scheduler = build_scheduler(tiny_model_dir(), num_blocks=32, block_size=BLOCK)

@@ -8,14 +8,13 @@ import math
 
 import pytest
 
-from sidecar.api.v1 import retention_pb2 as pb
-from sidecar.retention.ownership import (
+from sidecar.api.retention_ownership import (
     OwnershipError,
     check_clear,
     check_set,
     owner_after_set,
 )
-from sidecar.retention.ranges import (
+from sidecar.api.retention_ranges import (
     DEFAULT,
     DirectiveError,
     Protection,
@@ -27,6 +26,7 @@ from sidecar.retention.ranges import (
     priority_at,
     validate,
 )
+from sidecar.api.v1 import retention_pb2 as pb
 
 
 def ranges(*spec: tuple[int, int | None, int, float | None], decode: tuple[int, float | None]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.toolcalls import command_key, parse_tool, resolve_tool, strip_thinking
+from sidecar.api.toolcalls import command_key, parse_tool, resolve_tool, strip_thinking
 
 FENCE = "```"
 

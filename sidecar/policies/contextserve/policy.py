@@ -15,11 +15,11 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
+from sidecar.api.toolcalls import command_key
 from sidecar.estimators.nig import NigPosterior, NigPrior
 from sidecar.framework.types import FinishInput
 from sidecar.policies.base import PolicyParams
 from sidecar.policies.continuum.policy import ContinuumParams, ContinuumPolicy
-from sidecar.toolcalls import command_key
 
 DEFAULT_FAST_COMMANDS = (
     "ls",
@@ -74,7 +74,7 @@ class ToolSpeed(enum.Enum):
 
 
 class ContextServeParams(ContinuumParams):
-    # Command keys (``sidecar.toolcalls.command_key``) pinned for fast_ttl_s.
+    # Command keys (``sidecar.api.toolcalls.command_key``) pinned for fast_ttl_s.
     fast_commands: tuple[str, ...] = DEFAULT_FAST_COMMANDS
     # Command-key prefixes, on word boundaries, released at once ("pip install"
     # matches "pip install" only; "make" matches "make").

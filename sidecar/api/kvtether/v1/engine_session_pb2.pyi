@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -62,7 +61,7 @@ class KvCapacity(_message.Message):
     block_size_tokens: int
     admission_stalled: bool
     waiting_demand_blocks: int
-    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., admission_stalled: _Optional[bool] = ..., waiting_demand_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., admission_stalled: bool = ..., waiting_demand_blocks: _Optional[int] = ...) -> None: ...
 
 class NewRequest(_message.Message):
     __slots__ = ("request_id", "job_id", "is_last_step", "arrival_s", "prompt_tokens", "tool_hint", "state", "computed_tokens", "retention", "retention_scope")
@@ -86,7 +85,7 @@ class NewRequest(_message.Message):
     computed_tokens: int
     retention: _retention_pb2.RetentionConfig
     retention_scope: str
-    def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., is_last_step: _Optional[bool] = ..., arrival_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tool_hint: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., computed_tokens: _Optional[int] = ..., retention: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ..., retention_scope: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., is_last_step: bool = ..., arrival_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tool_hint: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., computed_tokens: _Optional[int] = ..., retention: _Optional[_Union[_retention_pb2.RetentionConfig, _Mapping]] = ..., retention_scope: _Optional[str] = ...) -> None: ...
 
 class RequestEvent(_message.Message):
     __slots__ = ("request_id", "kind", "at_s", "finish_reason", "output_tokens", "tool", "blocks", "cached_tokens")
@@ -148,7 +147,7 @@ class StepReport(_message.Message):
     pins: _containers.RepeatedCompositeFieldContainer[PinState]
     counters: EngineCounters
     work: StepWork
-    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., now_s: _Optional[float] = ..., kv: _Optional[_Union[KvCapacity, _Mapping]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ..., released_pins: _Optional[_Iterable[str]] = ..., pins: _Optional[_Iterable[_Union[PinState, _Mapping]]] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ..., work: _Optional[_Union[StepWork, _Mapping]] = ...) -> None: ...
+    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: bool = ..., now_s: _Optional[float] = ..., kv: _Optional[_Union[KvCapacity, _Mapping]] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ..., released_pins: _Optional[_Iterable[str]] = ..., pins: _Optional[_Iterable[_Union[PinState, _Mapping]]] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ..., work: _Optional[_Union[StepWork, _Mapping]] = ...) -> None: ...
 
 class StepWork(_message.Message):
     __slots__ = ("steps", "busy_s", "prefill_tokens", "decode_seqs")
@@ -238,7 +237,7 @@ class StepDecision(_message.Message):
     pressure_release_order: PinOrder
     count_waiting_demand: bool
     provisional_cache: bool
-    def __init__(self, seq: _Optional[int] = ..., resync_requested: _Optional[bool] = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: _Optional[bool] = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ..., count_waiting_demand: _Optional[bool] = ..., provisional_cache: _Optional[bool] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., resync_requested: bool = ..., priorities: _Optional[_Iterable[_Union[RequestPriority, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinDecision, _Mapping]]] = ..., retention: _Optional[_Iterable[_Union[BlockRetention, _Mapping]]] = ..., policy: _Optional[str] = ..., decide_us: _Optional[int] = ..., provisional_pins: bool = ..., pressure_release_order: _Optional[_Union[PinOrder, _Mapping]] = ..., count_waiting_demand: bool = ..., provisional_cache: bool = ...) -> None: ...
 
 class PinOrder(_message.Message):
     __slots__ = ("request_ids", "max_running")

@@ -5,7 +5,7 @@ import warnings
 
 from sidecar.api.kvtether.v1 import engine_session_pb2 as kvtether_dot_v1_dot_engine__session__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.71.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kvtether/v1/engine_session_pb2_grpc.py depends on'
+        + f' but the generated code in kvtether/v1/engine_session_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class EngineSessionStub:
+class EngineSessionStub(object):
     """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.
@@ -49,7 +49,7 @@ class EngineSessionStub:
                 _registered_method=True)
 
 
-class EngineSessionServicer:
+class EngineSessionServicer(object):
     """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.
@@ -95,7 +95,7 @@ def add_EngineSessionServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class EngineSession:
+class EngineSession(object):
     """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.

@@ -1,8 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -61,7 +60,7 @@ class ListJobsRequest(_message.Message):
     limit: int
     page_token: str
     include_anonymous: bool
-    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ..., include_anonymous: _Optional[bool] = ...) -> None: ...
+    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ..., include_anonymous: bool = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "first_arrival_s", "turns_finished", "requests_in_flight", "last_tool", "pinned_blocks", "engine_id")
@@ -143,7 +142,7 @@ class GetJobResponse(_message.Message):
     turns: _containers.RepeatedCompositeFieldContainer[TurnRecord]
     pins: _containers.RepeatedCompositeFieldContainer[PinRecord]
     last_decisions: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
-    def __init__(self, found: _Optional[bool] = ..., summary: _Optional[_Union[JobSummary, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinRecord, _Mapping]]] = ..., last_decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
+    def __init__(self, found: bool = ..., summary: _Optional[_Union[JobSummary, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., pins: _Optional[_Iterable[_Union[PinRecord, _Mapping]]] = ..., last_decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
 
 class ListPinsRequest(_message.Message):
     __slots__ = ("engine_id", "limit", "page_token")
@@ -246,7 +245,7 @@ class ExplainResponse(_message.Message):
     found: bool
     decision: DecisionRecord
     decisions: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
-    def __init__(self, found: _Optional[bool] = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
+    def __init__(self, found: bool = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
 
 class WatchDecisionsRequest(_message.Message):
     __slots__ = ("engine_id", "job_id")

@@ -5,7 +5,7 @@ import warnings
 
 from sidecar.api.kvtether.v1 import inspect_pb2 as kvtether_dot_v1_dot_inspect__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.71.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kvtether/v1/inspect_pb2_grpc.py depends on'
+        + f' but the generated code in kvtether/v1/inspect_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class InspectStub:
+class InspectStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -71,7 +71,7 @@ class InspectStub:
                 _registered_method=True)
 
 
-class InspectServicer:
+class InspectServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def GetPolicy(self, request, context):
@@ -173,7 +173,7 @@ def add_InspectServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Inspect:
+class Inspect(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -1,8 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -70,7 +69,7 @@ class GetDirectivesResponse(_message.Message):
     config: RetentionConfig
     owner_scope: str
     updated_at_unix_s: float
-    def __init__(self, found: _Optional[bool] = ..., config: _Optional[_Union[RetentionConfig, _Mapping]] = ..., owner_scope: _Optional[str] = ..., updated_at_unix_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, found: bool = ..., config: _Optional[_Union[RetentionConfig, _Mapping]] = ..., owner_scope: _Optional[str] = ..., updated_at_unix_s: _Optional[float] = ...) -> None: ...
 
 class ClearDirectivesRequest(_message.Message):
     __slots__ = ("target", "scope")
@@ -84,7 +83,7 @@ class ClearDirectivesResponse(_message.Message):
     __slots__ = ("cleared",)
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     cleared: bool
-    def __init__(self, cleared: _Optional[bool] = ...) -> None: ...
+    def __init__(self, cleared: bool = ...) -> None: ...
 
 class AnnounceToolCallRequest(_message.Message):
     __slots__ = ("job_id", "tool", "expected_duration_s")

@@ -5,7 +5,7 @@ import warnings
 
 from sidecar.api.kvtether.v1 import retention_pb2 as kvtether_dot_v1_dot_retention__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.71.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kvtether/v1/retention_pb2_grpc.py depends on'
+        + f' but the generated code in kvtether/v1/retention_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class RetentionStub:
+class RetentionStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -56,7 +56,7 @@ class RetentionStub:
                 _registered_method=True)
 
 
-class RetentionServicer:
+class RetentionServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def SetDirectives(self, request, context):
@@ -118,7 +118,7 @@ def add_RetentionServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Retention:
+class Retention(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -2,7 +2,8 @@
 the kvtether plugin, and a short multi-turn agent workload, run once with kvtether's
 ``continuum`` policy and once with ``fcfs`` (vLLM's behaviour) under the same pressure.
 
-    scripts/dev.sh demo [--turns 5] [--serve]
+    scripts/dev.sh demo [--turns 5] [--serve]      # installs first, then runs
+    .venv/bin/python -m scripts.demo [--turns 5]    # from the repository root
 
 Per turn it prints the prompt tokens, the prefix-cache hit, and the KV usage during the
 tool gap; then how to inspect the daemon. ``--serve`` keeps the daemon and the engine
@@ -68,10 +69,9 @@ class Daemon:
         self.process = None
 
 
-
 @contextlib.contextmanager
 def _engine(daemon: Daemon, port: int, log: Path) -> Iterator[str]:
-    from vllm_plugin.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
+    from tests.support.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
 
     spec = EngineSpec(model_dir=tiny_model_dir(), port=port, daemon_address=daemon.address,
                       num_blocks=32, engine_id="demo-engine", deadline_ms=20)
@@ -117,8 +117,8 @@ def _wait_reconnected(daemon: Daemon, api: object, engine_id: str) -> None:
 
 
 def _run_job(api: object, base_url: str, policy: str, turns: int) -> list[int]:
-    from vllm_plugin.client import AgentJob, cached_tokens
-    from vllm_plugin.launch import scrape
+    from tests.support.client import AgentJob, cached_tokens
+    from tests.support.launch import scrape
 
     job = AgentJob(api, f"demo-{policy}", seed=7 if policy == "continuum" else 8)
     print(f"\n  {policy}: one agent job, {turns} turns; other tenants flood the cache "

