@@ -93,8 +93,8 @@ class KvtetherMixin:
         # vLLM preempts a running request: retry after each pin released. Wrapped on
         # this scheduler's own KV cache manager instance only.
         # Installed only while pins are held and a running request's allocation can
-        # fail that step (EngineAgent._pins_may_give_way): the wrapper costs ~1 us per
-        # call, and vLLM calls allocate_slots once per running request per step.
+        # fail that step (vllm_plugin.pressure): the wrapper costs ~1 us per call, and
+        # vLLM calls allocate_slots once per running request per step.
         manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
         allocate = manager.allocate_slots
 
@@ -110,7 +110,7 @@ class KvtetherMixin:
             elif "allocate_slots" in vars(manager):
                 del manager.allocate_slots  # back to the class's own method
 
-        agent.allocation_hook = hook
+        agent.allocation.hook = hook
 
     def _wrap_frees(self, agent: EngineAgent) -> None:
         # Every way a request's blocks leave it — freed at finish or preemption, popped
