@@ -9,8 +9,10 @@ Run vLLM with::
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap). The mixin overrides only documented hook points:
 ``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; all policy lives in
-the daemon, all engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent``.
+``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; the policy lives in
+the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
+engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
+coordinates.
 """
 
 from __future__ import annotations
