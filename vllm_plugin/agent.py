@@ -1,25 +1,24 @@
 """The engine-side agent: reports what the scheduler did, applies what the daemon decided.
 
-It holds no policy: the rules the engine applies on its own, without the daemon's
-word, are in ``vllm_plugin.fallback``. Contracts:
+It coordinates the parts below and holds no policy; what the engine does without the
+daemon's word is ``vllm_plugin.fallback``. Contracts:
 - every method is called on the engine thread only (the scheduler's thread);
 - it never waits on the network longer than the configured deadline per step;
 - every pinned block is released exactly once (``vllm_plugin.pins``);
 - an engine never idles on pins: when nothing runs and the first waiting request
-  does not fit, pins give way here, one per step, without waiting for the daemon;
+  does not fit, pins give way, one per step, without waiting for the daemon
+  (``vllm_plugin.pressure``);
 - with the daemon slow, gone or restarting, scheduling is vLLM's (fail-open), pins
-  expire on their local bound, and the next connection starts with a snapshot;
+  expire on their local bound, and the next connection starts with a snapshot
+  (``vllm_plugin.reports``);
 - the daemon decides on the last report and its answer lands a step later
-  (``vllm_plugin.decisions``).
+  (``vllm_plugin.decisions``, ``vllm_plugin.timing``).
 
-The agent coordinates: request metadata (``vllm_plugin.metadata``), the pin table
-(``pins``), reports (``reports``), decisions (``decisions``), step timing and answer
-lag (``timing``), retention (``request_retention``), the provisional cache
-(``provisional``) and the allocation wrapper's switch (``allocation``).
-
-The scheduler is duck-typed against vLLM 0.32/0.33's ``Scheduler``: ``requests``,
-``running``, ``waiting`` / ``kv_holding_waiting`` (request queues), and
-``kv_cache_manager`` (``pop_blocks_for_free``, ``get_block_ids``, ``block_pool``).
+Also coordinated: request metadata (``metadata``), the retention side table
+(``request_retention``) and the provisional cache (``provisional``). The scheduler is
+duck-typed against vLLM 0.32/0.33's ``Scheduler``: ``requests``, ``running``,
+``waiting`` / ``kv_holding_waiting`` (request queues), and ``kv_cache_manager``
+(``pop_blocks_for_free``, ``get_block_ids``, ``block_pool``).
 """
 
 from __future__ import annotations
@@ -183,11 +182,7 @@ class EngineAgent:
         self.metadata[request.request_id] = RequestMetadata(
             job_id=meta.job_id, is_last_step=meta.is_last_step, tool=tool)
         if self.link.connected:
-            self.reports.add_event(pb.RequestEvent(
-                request_id=request.request_id, kind=pb.EVENT_KIND_FINISHED,
-                at_s=self._clock_s(), finish_reason=reason,
-                output_tokens=getattr(request, "num_output_tokens", 0), tool=tool,
-                blocks=self._blocks_of(request.request_id)))
+            self.reports.finished(request, reason, tool)
 
     def take_blocks(self, request: Any) -> bool:
         """Pin a finished request's blocks instead of freeing them (provisionally, until
@@ -281,11 +276,3 @@ class EngineAgent:
     def close(self) -> None:
         self.release_all_pins()
         self.link.close()
-
-    # --- request details ----------------------------------------------------------------
-    def _blocks_of(self, request_id: str) -> int:
-        try:
-            groups = self.sched.kv_cache_manager.get_block_ids(request_id)
-        except (KeyError, AttributeError, AssertionError):
-            return 0
-        return sum(len(group) for group in groups)

@@ -76,6 +76,21 @@ class ReportBuilder:
             add_event(pb.RequestEvent(
                 request_id=request_id, kind=pb.EVENT_KIND_PREEMPTED, at_s=now_s))
 
+    def finished(self, request: Any, reason: pb.FinishReason, tool: str) -> None:
+        """A request finished: its event, with the blocks it holds as it ends."""
+        self.add_event(pb.RequestEvent(
+            request_id=request.request_id, kind=pb.EVENT_KIND_FINISHED,
+            at_s=self.clock_s(), finish_reason=reason,
+            output_tokens=getattr(request, "num_output_tokens", 0), tool=tool,
+            blocks=self._blocks_of(request.request_id)))
+
+    def _blocks_of(self, request_id: str) -> int:
+        try:
+            groups = self.sched.kv_cache_manager.get_block_ids(request_id)
+        except (KeyError, AttributeError, AssertionError):
+            return 0
+        return sum(len(group) for group in groups)
+
     def build(self, pins: Mapping[str, Pin]) -> pb.StepReport | None:
         """The next report, or None: disconnected (what was pending is dropped: the
         next session starts with a snapshot), or nothing worth a message."""
