@@ -47,11 +47,6 @@ from vllm_plugin.request_retention import RequestRetention
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.timing import AnswerLag, StepTiming
 
-# Priority of a request the daemon has not ranked yet: behind every ranked request,
-# FCFS among themselves (vLLM breaks ties by arrival time). The daemon's values stay
-# below this (sidecar.runtime.priorities.PRIORITY_LIMIT).
-UNRANKED_PRIORITY = 1 << 30
-
 
 class EngineAgent:
     def __init__(
@@ -127,7 +122,7 @@ class EngineAgent:
         """A new request, before vLLM enqueues it."""
         meta = read_metadata(request)
         self.metadata[request.request_id] = meta
-        request.priority = UNRANKED_PRIORITY
+        request.priority = fallback.UNRANKED_PRIORITY
         if not reportable(request.request_id):
             self._unreported.add(request.request_id)
             return

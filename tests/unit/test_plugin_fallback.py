@@ -22,6 +22,13 @@ def pin(request_id: str, job_id: str, pinned_at_s: float, *, confirmed: bool = F
                release_at_s=release_at_s, confirmed=confirmed, last_sched_seq=0, tool="")
 
 
+def test_a_request_the_daemon_has_not_ranked_queues_behind_every_ranked_one() -> None:
+    from sidecar.runtime.priorities import PRIORITY_LIMIT
+
+    # The daemon's ranks are strictly inside (-PRIORITY_LIMIT, PRIORITY_LIMIT).
+    assert fallback.UNRANKED_PRIORITY >= PRIORITY_LIMIT
+
+
 def test_an_idle_engine_releases_in_the_daemons_order_first() -> None:
     pins = [pin("a-1", "a", 1.0), pin("b-1", "b", 2.0), pin("c-1", "c", 3.0)]
     chosen = fallback.idle_release(pins, ["c-1", "b-1"], head_job="", waiting_jobs=set())
