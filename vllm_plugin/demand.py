@@ -3,9 +3,9 @@
 The daemon prices memory by the waiting demand against the free blocks. Summed request
 by request, a prefix several waiting requests share, or one a running request holds,
 is counted once per request, though admission takes it from the free pool once or not
-at all. Where jobs run one script (the calibrated twin workload: 95% of prompt tokens
-cached) the sum read 3,000-9,000 blocks on a 3,000-block cache whose waiting requests,
-counted here, wanted 300-1,800: memory looked short all the time.
+at all. Where jobs share most of their prompts (agents running one script) such a sum
+is several times the cache while the waiting requests want a fraction of it, and
+memory would look short all the time.
 
 Counted here, a waiting request wants its blocks less the longest prefix that is
 already taken care of:
@@ -27,13 +27,11 @@ A count is a block lookup or two a request, whatever its length:
   prefix of a request's blocks; the one found at the last count is checked at its end
   (usually still right), and bisection finds it where it moved.
 
-So a request is counted for its blocks past the longer of the two prefixes. At 200
-waiting requests of 16 blocks a count took 0.85 ms in ``benchmarks.overhead``, where
-adding every block of every request to a set, as before, took 1.9-2.5 ms, and that
-grew with the contexts (4.0 ms against 0.66 ms at 192 blocks a request). It runs only
-while the daemon's policy reads it (the agent asks), at most once every
-``interval_s`` of the engine's clock, the last count standing in between (the
-policy's prices move over seconds, not steps).
+So a request is counted for its blocks past the longer of the two prefixes, a cost
+that does not grow with the length of its context (``benchmarks.overhead`` times a
+count). It runs only while the daemon's policy reads it (the agent asks), at most
+once every ``interval_s`` of the engine's clock, the last count standing in between
+(the policy's prices move over seconds, not steps).
 
 By default it runs on the link's thread as the report goes out, while the engine
 thread waits on its workers; it then reads vLLM's structures as the engine thread
@@ -82,7 +80,7 @@ class WaitingDemand:
             self._key = make_block_hash_with_group_id
             self._get_block = self._lookup.get_one_block  # type: ignore[union-attr]
             # vLLM 0.32 keys a group-0 block by its hash and 4 bytes of group id;
-            # appending them is 2-3x cheaper than the call, the count's biggest cost.
+            # appending them saves a call per lookup, the count's biggest cost.
             # Another key scheme goes through the call.
             group_0 = make_block_hash_with_group_id(b"", 0)
             probe = b"kvtether"

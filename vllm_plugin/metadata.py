@@ -1,4 +1,5 @@
-"""Per-request metadata the client attaches: job id, last step, tool, retention.
+"""Per-request metadata the client attaches (job id, last step, tool, retention), and
+what the plugin reads off a request at its end (finish reason, the tool it called).
 
 Sources, first wins: ``sampling_params.extra_args`` (the OpenAI API's
 ``extra_body={"vllm_xargs": {...}}``; booleans arrive as 0/1), then vLLM's
@@ -26,10 +27,12 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.api.bounds import MAX_ID_CHARS, FieldError, check_text, clean_tool_name
+from sidecar.api.v1 import engine_session_pb2 as pb
 
 logger = logging.getLogger("kvtether.plugin")
 
@@ -145,3 +148,49 @@ def read_metadata(request: Any) -> RequestMetadata:
         retention_directives=_directives(request_id, extra.get("retention_directives")),
         retention_scope=_id(request_id, "retention_scope", extra.get("retention_scope")),
     )
+
+
+# Output tokens decoded at finish to find the tool call the turn ended with.
+TOOL_TAIL_TOKENS = 512
+
+_FINISH_REASONS = {
+    "FINISHED_STOPPED": pb.FINISH_REASON_STOP,
+    "FINISHED_LENGTH_CAPPED": pb.FINISH_REASON_LENGTH,
+    "FINISHED_ABORTED": pb.FINISH_REASON_ABORT,
+    "FINISHED_IGNORED": pb.FINISH_REASON_ABORT,
+    "FINISHED_ERROR": pb.FINISH_REASON_ERROR,
+}
+
+
+def finish_reason(status: Any) -> pb.FinishReason:
+    """The wire's finish reason for a vLLM ``RequestStatus`` (by name)."""
+    return _FINISH_REASONS.get(getattr(status, "name", ""), pb.FINISH_REASON_STOP)
+
+
+def reportable(request_id: str) -> bool:
+    """Whether the daemon accepts ``request_id`` (sidecar.api.bounds); an id it would
+    refuse is logged once, here, when its request arrives."""
+    try:
+        check_text("request_id", request_id, required=True)
+        return True
+    except FieldError as error:
+        logger.warning("kvtether: request %.64r...: not reported to the daemon, vLLM "
+                       "schedules it in its own order: %s", request_id, error.problem)
+        return False
+
+
+def tool_at_finish(request: Any, meta: RequestMetadata,
+                   decode_tail: Callable[[Sequence[int]], str] | None,
+                   parse_tool: Callable[[str | None, str | None], str | None] | None,
+                   ) -> str | None:
+    """The tool call a finished turn ended with, parsed from its last output tokens
+    (None: no parser, none found, or parsing failed, which never fails the request)."""
+    if decode_tail is None or parse_tool is None:
+        return None
+    try:
+        tail = list(request.output_token_ids[-TOOL_TAIL_TOKENS:])
+        return parse_tool(meta.tool or None, decode_tail(tail))
+    except Exception:  # a parsing failure must never fail the request
+        logger.debug("kvtether: tool parsing failed for %s", request.request_id,
+                     exc_info=True)
+        return None

@@ -2,9 +2,9 @@
 
 A policy that pins finished turns asks the engine to keep each finished non-last
 turn's blocks until its answer lands (``StepDecision.provisional_pins``). Held, those
-blocks are out of everyone's reach for the answer's lag: on a saturated CPU engine,
-where a quarter of the answers land 7 or more steps late, that is most of what the
-pinning policies' pins hold (``EngineCounters.provisional_block_seconds``).
+blocks are out of everyone's reach for the answer's lag: on a saturated engine, whose
+answers land several steps late, that can be most of what the pinning policies' pins
+hold (``EngineCounters.provisional_block_seconds`` counts it).
 
 Cached instead (``StepDecision.provisional_cache``), the blocks are freed at once at
 the top retention priority for the same local bound: no allocation waits on them,

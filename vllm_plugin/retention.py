@@ -26,9 +26,8 @@ Contract (what the tests in ``tests/unit/test_retention_pool.py`` hold it to):
   most-recently-used end of vLLM's queue (TensorRT-LLM's refresh) and loses its
   entry. Expiries sit in a heap checked lazily; each heap item carries the
   generation of the free it belongs to, so an item left over from an earlier free of
-  the same block (it was reused and freed again since) is skipped, never applied —
-  the vLLM PR's stale-heap-entry bug cannot happen here. Eviction order itself uses
-  no heap: the per-priority queues are exact.
+  the same block (it was reused and freed again since) is skipped, never applied.
+  Eviction order itself uses no heap: the per-priority queues are exact.
 - **Clearing.** A block whose hash is evicted (reallocation, ``evict_blocks``, the
   scheduler's own evictions) loses its entry; ``reset_prefix_cache`` clears the table.
 - **Ownership** per block: the first scope to protect a block owns it; other scopes

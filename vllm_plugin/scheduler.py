@@ -9,8 +9,10 @@ Run vLLM with::
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap). The mixin overrides only documented hook points:
 ``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; all policy lives in
-the daemon, all engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent``.
+``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; the policy lives in
+the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
+engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
+coordinates.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ class KvtetherMixin:
         # vLLM preempts a running request: retry after each pin released. Wrapped on
         # this scheduler's own KV cache manager instance only.
         # Installed only while pins are held and a running request's allocation can
-        # fail that step (EngineAgent._pins_may_give_way): the wrapper costs ~1 us per
-        # call, and vLLM calls allocate_slots once per running request per step.
+        # fail that step (vllm_plugin.pressure): the wrapper costs ~1 us per call, and
+        # vLLM calls allocate_slots once per running request per step.
         manager: Any = self.kv_cache_manager  # type: ignore[attr-defined]
         allocate = manager.allocate_slots
 
@@ -110,7 +112,7 @@ class KvtetherMixin:
             elif "allocate_slots" in vars(manager):
                 del manager.allocate_slots  # back to the class's own method
 
-        agent.allocation_hook = hook
+        agent.allocation.hook = hook
 
     def _wrap_frees(self, agent: EngineAgent) -> None:
         # Every way a request's blocks leave it — freed at finish or preemption, popped

@@ -79,7 +79,8 @@ class PluginSettings:
     # "link" or "engine": the thread that counts the waiting demand.
     waiting_demand_thread: str = "link"
     # Retention priority of a pin released on a report older than its job's return
-    # (the blocks are freed, evicted after everything below it; see EngineAgent).
+    # (the blocks are freed, evicted after everything below it; see
+    # vllm_plugin.fallback.returned_job_protection).
     returned_job_priority: int = 90
     enabled: bool = True
     tls_ca_file: str = ""

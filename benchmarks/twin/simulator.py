@@ -181,11 +181,11 @@ def _answer_every_report(agent: Any, lag_steps: int | Callable[[], int] = 0) -> 
             held.clear()
             return answers
         if callable(lag_steps):
-            now = agent.step_index
+            now = agent.answer_lag.step_index
             for answer in taken:
                 # The step its report went out at, as the plugin counts an answer's lag
                 # (not yet popped: the plugin applies what this returns).
-                sent = agent._sent_at_step.get(answer.seq, now)
+                sent = agent.answer_lag.sent_at_step.get(answer.seq, now)
                 held.append((max(sent + lag_steps(), held[-1][0] if held else 0), [answer]))
         else:
             now = looks

@@ -196,16 +196,16 @@ def test_answers_the_plugin_waits_for_land_at_once_with_all_before_them() -> Non
     # Every answer drawn 5 steps late; at step 3 the engine goes idle and the plugin
     # waits: the daemon has the CPU, so they all come now, the one to this step's
     # report 0 steps late, and none is left to land later.
-    agent = SimpleNamespace(step_index=0, _sent_at_step={},
+    agent = SimpleNamespace(answer_lag=SimpleNamespace(step_index=0, sent_at_step={}),
                             settings=SimpleNamespace(deadline_s=0.02))
     sent: list[SimpleNamespace] = []
     agent.link = SimpleNamespace(take_decisions=lambda wait_s: sent[-1:])
     _answer_every_report(agent, lambda: 5)
     applied = []
     for step in range(1, 6):
-        agent.step_index = step
+        agent.answer_lag.step_index = step
         sent.append(SimpleNamespace(seq=step))
-        agent._sent_at_step[step] = step
+        agent.answer_lag.sent_at_step[step] = step
         idle = step == 3
         applied.append([answer.seq for answer in
                         agent.link.take_decisions(0.02 if idle else 0.0)])
@@ -215,7 +215,7 @@ def test_answers_the_plugin_waits_for_land_at_once_with_all_before_them() -> Non
 def test_drawn_answers_land_steps_after_their_report_and_in_order() -> None:
     # A report each step; the first's answer drawn 4 steps late, the rest 1: the second
     # cannot overtake the first (one stream, in order), and none lands before its step.
-    agent = SimpleNamespace(step_index=0, _sent_at_step={},
+    agent = SimpleNamespace(answer_lag=SimpleNamespace(step_index=0, sent_at_step={}),
                             settings=SimpleNamespace(deadline_s=10.0))
     sent: list[SimpleNamespace] = []
     agent.link = SimpleNamespace(take_decisions=lambda wait_s: sent[-1:])
@@ -223,10 +223,10 @@ def test_drawn_answers_land_steps_after_their_report_and_in_order() -> None:
     _answer_every_report(agent, lambda: next(lags))
     applied = []
     for step in range(1, 7):
-        agent.step_index = step
+        agent.answer_lag.step_index = step
         applied.append([answer.seq for answer in agent.link.take_decisions(0.0)])
         sent.append(SimpleNamespace(seq=step))  # the report at this step's end...
-        agent._sent_at_step[step] = step  # ...answered by the next look
+        agent.answer_lag.sent_at_step[step] = step  # ...answered by the next look
     # Report 1 (step 1) is due at step 5; reports 2-4, due a step after theirs, wait
     # behind it; report 5 lands on time.
     assert applied == [[], [], [], [], [1, 2, 3, 4], [5]]

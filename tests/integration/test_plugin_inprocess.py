@@ -266,7 +266,7 @@ def test_waiting_demand_counts_a_shared_prefix_once_and_running_blocks_not_at_al
     # Each needs its own 2 full blocks and a partial one; the prefix is in use.
     assert demand.count() == 2 * 3
     # The next report carries it.
-    kv = engine.agent._with_demand(engine.agent._kv())
+    kv = engine.agent.reports.with_demand(engine.agent.reports.kv())
     assert kv.HasField("waiting_demand_blocks") and kv.waiting_demand_blocks == 2 * 3
     # A third waiting request repeats w1's prompt: the blocks w1 takes first serve it
     # too, but for the partial last block each request writes its own. (Summed request
@@ -306,7 +306,7 @@ def test_the_waiting_demand_is_counted_only_for_a_policy_that_reads_it(
     for _ in range(6):
         engine.step()
     assert len(engine.sched.waiting) == 2
-    kv = engine.agent._with_demand(engine.agent._kv())
+    kv = engine.agent.reports.with_demand(engine.agent.reports.kv())
     if reads:
         assert counts[-1] == 8 and len(counts) >= 2, "counted for the reports"
         assert kv.waiting_demand_blocks == 8, "one shared prompt of 8 blocks"
@@ -506,14 +506,14 @@ def test_a_pin_gives_way_before_vllm_preempts_a_running_request(
                max_tokens=200)
     while engine.free() > 2:
         engine.step()
-    assert engine.agent._pressure_order == ["a-1"]
+    assert engine.agent.decisions.orders.pressure_order == ["a-1"]
     hook_on_steps = 0
     daemon = continuum_long_ttl.process
     daemon.send_signal(signal.SIGSTOP)
     try:
         while engine.sched.has_unfinished_requests():
             engine.step()
-            hook_on_steps += engine.agent._allocation_hook_on
+            hook_on_steps += engine.agent.allocation.hook_on
     finally:
         daemon.send_signal(signal.SIGCONT)
     assert gave_way == ["grower"], "the pin gave way when the grower's next block failed"
@@ -535,8 +535,8 @@ def test_the_allocation_wrapper_stays_off_while_no_allocation_can_fail(
     hook_on_steps = 0
     while engine.sched.has_unfinished_requests():
         engine.step()
-        assert engine.agent._pressure_order == ["a-1"], "the daemon's order stands"
-        hook_on_steps += engine.agent._allocation_hook_on
+        assert engine.agent.decisions.orders.pressure_order == ["a-1"], "the daemon's order stands"
+        hook_on_steps += engine.agent.allocation.hook_on
     assert hook_on_steps == 0
     assert "allocate_slots" not in vars(engine.sched.kv_cache_manager), "vLLM's own method"
     assert list(engine.agent.pins) == ["a-1"]
@@ -550,7 +550,7 @@ def test_a_stalled_engine_reports_the_stall_once_not_every_step(
     # More blocks than the cache has: never admitted, the engine spins on it.
     engine.add("huge", [1800 + i for i in range(30 * BLOCK)], job=None, last=True)
     engine.step()
-    assert engine.agent._admission_stalled
+    assert engine.agent.reports.admission_stalled
     reports = engine.agent.seq
     for _ in range(50):
         engine.step()
@@ -606,7 +606,7 @@ def test_a_release_decided_before_the_job_came_back_stays_cached(
     engine.add("t2", context(2), job="agent", last=True)
     engine.agent.flush()  # t2 reported: the daemon knows the job is back from here
     answered = engine.agent.seq if answers_report_with_return else job_in_tool_seq
-    engine.agent._apply([pb.StepDecision(seq=answered, pins=[pb.PinDecision(
+    engine.agent.decisions.apply([pb.StepDecision(seq=answered, pins=[pb.PinDecision(
         request_id="t1", action=pb.PIN_ACTION_RELEASE, retention_priority=40,
         retention_duration_s=7.5)])])
 
@@ -685,7 +685,7 @@ def test_a_stale_release_of_a_cached_turn_keeps_it_for_the_returned_job(
         job_in_tool_seq = engine.agent.seq  # the daemon's view: the job is in its tool
         engine.add("t2", context(2), job="agent", last=True)
         engine.agent.flush()  # t2 reported: the job is back from here
-        engine.agent._apply([pb.StepDecision(seq=job_in_tool_seq, pins=[pb.PinDecision(
+        engine.agent.decisions.apply([pb.StepDecision(seq=job_in_tool_seq, pins=[pb.PinDecision(
             request_id="t1", action=pb.PIN_ACTION_RELEASE, retention_priority=40,
             retention_duration_s=7.5)])])
     finally:

@@ -163,7 +163,7 @@ def test_soft_retention_keeps_a_released_pins_blocks_at_its_priority(
         pin = engine.agent.pins["soft-t1"]
         block_ids = [b.block_id for b in pin.blocks]
         # What the engine does when a policy releases a pin at a retention priority.
-        engine.agent._apply([pb.StepDecision(seq=0, pins=[pb.PinDecision(
+        engine.agent.decisions.apply([pb.StepDecision(seq=0, pins=[pb.PinDecision(
             request_id="soft-t1", action=pb.PIN_ACTION_RELEASE, retention_priority=90,
             retention_duration_s=30)])])
         retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention

@@ -180,7 +180,6 @@ def test_importing_the_plugin_loads_none_of_the_daemons_stack() -> None:
     assert done.stdout.strip() == "", f"importing the plugin loaded {done.stdout.strip()}"
 
 
-@pytest.mark.xfail(strict=False, reason="agent.py and adaptive/policy.py are being split")
 def test_no_hand_written_module_is_over_the_line_limit() -> None:
     long = sorted(
         f"{path.relative_to(ROOT)} ({lines} lines)"
