@@ -1,4 +1,5 @@
-"""Every relative link in every Markdown file of the repository resolves.
+"""Every relative link in every Markdown file of the repository resolves, and every
+file or module of the project a document names in a code span exists.
 
 A link is checked the way GitHub renders it: the path is relative to the file that holds
 it, must exist inside the repository, and a ``#fragment`` must name a heading of the
@@ -135,4 +136,84 @@ def test_the_checker_reports_a_missing_file_a_missing_heading_and_an_escape(
         "'missing.md': missing.md does not exist",
         "'other.md#nope': no heading #nope in other.md",
         "'../outside.md': points outside the repository",
+    ]
+
+
+# Code spans that name the project's own files and modules: `sidecar/runtime/decider.py`,
+# `sidecar.api.toolcalls.command_key`. Refactors move code; the docs must follow.
+_PATH_SPAN = re.compile(r"(?:sidecar|vllm_plugin|benchmarks|tests|scripts|deploy|proto)/[\w./-]+")
+_MODULE_SPAN = re.compile(r"(?:sidecar|vllm_plugin|benchmarks)(?:\.\w+)+")
+_FILE_SUFFIXES = (".md", ".py", ".json", ".yaml", ".yml", ".png", ".txt", ".sh")
+# History names things as they were at its commits: the changelog and the decision
+# records are not held to today's tree.
+_HISTORY = ("CHANGELOG.md", "docs/decisions/")
+
+
+def code_spans(path: Path) -> list[str]:
+    return [token.content for token in _walk(_parser.parse(path.read_text(encoding="utf-8")))
+            if token.type == "code_inline"]
+
+
+def missing_code_names(path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Paths and dotted names in ``path``'s code spans that name nothing in ``root``."""
+    problems: list[str] = []
+    for span in code_spans(path):
+        if _PATH_SPAN.fullmatch(span):
+            if not (root / span).exists():
+                problems.append(f"`{span}`: no such file or folder")
+        elif _MODULE_SPAN.fullmatch(span) and not span.endswith(_FILE_SUFFIXES):
+            problem = _missing_dotted(span, root)
+            if problem:
+                problems.append(f"`{span}`: {problem}")
+    return problems
+
+
+def _missing_dotted(name: str, root: Path) -> str | None:
+    parts = name.split(".")
+    module = root / parts[0]
+    depth = 1
+    while depth < len(parts):
+        package, source = module / parts[depth], module / f"{parts[depth]}.py"
+        if package.is_dir():
+            module = package
+        elif source.exists():
+            module = source
+        else:
+            break
+        depth += 1
+    if depth == 1:
+        return f"no module {parts[0]}.{parts[1]}"
+    attributes = parts[depth:]
+    if not attributes:
+        return None
+    text = (module / "__init__.py" if module.is_dir() else module).read_text("utf-8")
+    # One attribute deep is checked: a name defined or imported in that module.
+    if not re.search(rf"\b(?:def|class)\s+{attributes[0]}\b|\b{attributes[0]}\b\s*[:=]|"
+                     rf"import[^\n]*\b{attributes[0]}\b", text):
+        return f"{'.'.join(parts[:depth])} defines no {attributes[0]}"
+    return None
+
+
+@pytest.mark.parametrize(
+    "path", [path for path in markdown_files()
+             if not path.relative_to(REPO_ROOT).as_posix().startswith(_HISTORY)],
+    ids=lambda path: path.relative_to(REPO_ROOT).as_posix())
+def test_every_file_and_module_a_document_names_exists(path: Path) -> None:
+    assert missing_code_names(path) == []
+
+
+def test_the_name_check_reports_a_moved_file_module_and_attribute(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "sidecar" / "api").mkdir(parents=True)
+    (root / "sidecar" / "__init__.py").write_text("")
+    (root / "sidecar" / "api" / "__init__.py").write_text("")
+    (root / "sidecar" / "api" / "toolcalls.py").write_text("def command_key(x):\n    ...\n")
+    doc = root / "doc.md"
+    doc.write_text("`sidecar/api/toolcalls.py` `sidecar.api.toolcalls.command_key` "
+                   "`sidecar.api` `sidecar/toolcalls.py` `sidecar.toolcalls.command_key` "
+                   "`sidecar.api.toolcalls.parse` `python -m sidecar.cli` `sidecar.md`\n")
+    assert missing_code_names(doc, root=root) == [
+        "`sidecar/toolcalls.py`: no such file or folder",
+        "`sidecar.toolcalls.command_key`: no module sidecar.toolcalls",
+        "`sidecar.api.toolcalls.parse`: sidecar.api.toolcalls defines no parse",
     ]
