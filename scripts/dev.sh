@@ -3,6 +3,7 @@
 #
 #   scripts/dev.sh demo   # install, then daemon + vLLM-CPU engine + plugin + an agent workload
 #   scripts/dev.sh test   # install (test tools and Redis too), then lint + the whole suite
+#   scripts/dev.sh stubs  # regenerate the committed gRPC stubs after editing a .proto
 #
 # Idempotent: a second run only checks what is already there.
 set -euo pipefail
@@ -44,6 +45,22 @@ ensure_redis_server() {
   # The package may start a system instance; the tests do not use it.
 }
 
+# The stub generator's own environment: its pinned grpcio-tools requires protobuf < 6,
+# which vLLM's environment cannot have (see sidecar/api/generate.py).
+STUBGEN="$ROOT/.cache/stubgen"
+stubgen() {
+  local want
+  want="$("$PY" -m sidecar.api.generate --print-requirement)"
+  if [ ! -x "$STUBGEN/bin/python" ] || [ "$(cat "$STUBGEN/.requirement" 2>/dev/null)" != "$want" ]; then
+    say "installing $want into $STUBGEN"
+    rm -rf "$STUBGEN"
+    "$PYTHON_BIN" -m venv "$STUBGEN"
+    "$STUBGEN/bin/python" -m pip install -q --disable-pip-version-check "$want"
+    echo "$want" > "$STUBGEN/.requirement"
+  fi
+  "$STUBGEN/bin/python" -m sidecar.api.generate "$@"
+}
+
 case "${1:-}" in
   demo)
     ensure_venv dev
@@ -59,14 +76,19 @@ case "${1:-}" in
     ensure_redis_server
     shift
     say "checking generated stubs, lint and types"
-    "$PY" -m sidecar.api.generate --check
+    stubgen --check
     "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks scripts
     "$VENV/bin/mypy"
     say "running the test suite"
     exec "$PY" -m pytest -q "$@"
     ;;
+  stubs)
+    ensure_venv dev
+    stubgen
+    say "regenerated sidecar/api/kvtether/v1 (commit it with the .proto change)"
+    ;;
   *)
-    echo "usage: scripts/dev.sh demo|test [args]" >&2
+    echo "usage: scripts/dev.sh demo|test|stubs [args]" >&2
     exit 2
     ;;
 esac

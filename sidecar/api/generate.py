@@ -7,9 +7,13 @@ protoc names imports after the proto path (``from kvtether.v1 import x_pb2``); t
 stubs live inside the ``sidecar`` package, so those imports are rewritten to
 ``sidecar.api.kvtether.v1``. That rewrite is the only post-processing.
 
-The output depends on grpcio-tools' version, pinned in the dev extra: its protoc (29)
-writes gencode that protobuf runtimes from 5.29.0 on accept, which is what lets the
-plugin run on the protobuf a vLLM image already has.
+The output depends on grpcio-tools' version, pinned in the ``stubgen`` extra: its
+protoc (29) writes gencode that protobuf runtimes from 5.29.0 on accept, which is what
+lets the plugin run on the protobuf a vLLM image already has. That grpcio-tools
+requires protobuf < 6, which vLLM's own environment cannot have, so it runs in an
+environment of its own: ``scripts/dev.sh stubs`` (regenerate) and ``scripts/dev.sh
+test`` (check) make one under ``.cache/stubgen``. The generator imports only the
+standard library and grpcio-tools.
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ _IMPORT = re.compile(r"^from kvtether\.v1 import ", re.MULTILINE)
 
 
 def generate(out_root: Path) -> None:
-    from grpc_tools import protoc  # dev dependency: only needed to regenerate
+    try:
+        from grpc_tools import protoc  # the stubgen extra: only needed to regenerate
+    except ImportError:
+        raise SystemExit(f"no grpcio-tools here: run scripts/dev.sh stubs, or install "
+                         f"{pinned_tools()} into an environment of its own") from None
 
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     include = Path(protoc.__file__).parent / "_proto"
@@ -54,9 +62,9 @@ def generate(out_root: Path) -> None:
 
 
 def pinned_tools() -> str:
-    """The grpcio-tools requirement of pyproject's dev extra (``grpcio-tools==X``)."""
+    """The grpcio-tools requirement of pyproject's stubgen extra (``grpcio-tools==X``)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return next(str(r) for r in project["optional-dependencies"]["dev"]
+    return next(str(r) for r in project["optional-dependencies"]["stubgen"]
                 if r.startswith("grpcio-tools"))
 
 
@@ -71,7 +79,12 @@ def _tree(root: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if committed stubs differ")
+    parser.add_argument("--print-requirement", action="store_true",
+                        help="print the pinned grpcio-tools requirement and exit")
     args = parser.parse_args()
+    if args.print_requirement:
+        print(pinned_tools())
+        return 0
     if not args.check:
         shutil.rmtree(GENERATED, ignore_errors=True)
         generate(OUT_ROOT)
