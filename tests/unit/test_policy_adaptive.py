@@ -8,10 +8,11 @@ import math
 import pytest
 
 from sidecar.framework.protocols import Policy
-from sidecar.framework.types import RetainAction, StepView
+from sidecar.framework.types import FinishInput, RetainAction, StepView
+from sidecar.policies.adaptive.forecast import FcfsRecompute
 from sidecar.policies.adaptive.value import memory_pressure
 from sidecar.policies.registry import PolicyConfigError, build_policy
-from tests.unit.builders import distribution, step
+from tests.unit.builders import StepBuilder, distribution, step
 
 FAST = [0.08, 0.1, 0.12, 0.09, 0.11, 0.1]  # ls: ~0.1 s
 SLOW = [10.0, 12.0, 14.0, 11.0, 13.0, 12.5]  # a build: ~12 s
@@ -102,7 +103,7 @@ def test_idle_memory_pins_until_the_tool_is_surely_back(adaptive: Policy) -> Non
     assert slow.ttl_s == 16.0, "the shortest horizon by which every build is back"
 
 
-def _short_memory():  # type: ignore[no-untyped-def]
+def _short_memory() -> StepBuilder:
     """No block free, one request running and one waiting for 100 blocks."""
     return (step(now=10, total_blocks=1000, free_blocks=0)
             .running("r1", job="a", prompt=1600)
@@ -191,7 +192,7 @@ def _released_big_context(policy: Policy) -> None:
     assert policy.release_under_pressure(s.build()).request_ids == ("p-big",)
 
 
-def _idle_finish(tool: str, samples_s: list[float]):  # type: ignore[no-untyped-def]
+def _idle_finish(tool: str, samples_s: list[float]) -> FinishInput:
     """Nothing waits; 8 blocks free, fewer than the 10 big's cached context wants."""
     s = step(now=20.1, total_blocks=24, free_blocks=8).running("r1", job="a", prompt=700)
     return s.finish("r1", tool=tool, samples_s=samples_s, blocks=6)
@@ -378,7 +379,8 @@ def test_an_idle_engine_takes_another_waiting_jobs_pin_rather_than_deadlock(
 # --- admission: job-level order, bounded waiting --------------------------------------
 
 
-def _new_job_then_old_turn(now: float, new_waited_s: float, free_blocks: int = 1000):  # type: ignore[no-untyped-def]
+def _new_job_then_old_turn(now: float, new_waited_s: float,
+                           free_blocks: int = 1000) -> StepBuilder:
     """A new job's first request, then the next turn of a job that started at 1 s."""
     return (step(now=now, free_blocks=free_blocks)
             .waiting("new", job="n", arrive=now - new_waited_s, prompt=64)
@@ -479,7 +481,7 @@ def test_an_older_jobs_turn_that_fits_is_credited_on_an_engine_with_time_to_spar
     assert "those that fit in the free blocks" in ordering.reason
 
 
-def _queue(now: float, young: int = 4):  # type: ignore[no-untyped-def]
+def _queue(now: float, young: int = 4) -> StepBuilder:
     """A new job that has waited 2.5 s behind ``young`` turns of an old job that just
     arrived, one request running."""
     s = step(now=now).waiting("starved", job="n", arrive=now - 2.5).running("r", job="x")
@@ -535,7 +537,7 @@ def _admitting(policy: Policy, per_s: float, until_s: float) -> None:
         policy.order_waiting(s.build())
 
 
-def _backlog(now: float):  # type: ignore[no-untyped-def]
+def _backlog(now: float) -> StepBuilder:
     """Overloaded: 81 new jobs have waited 20..100 s behind a turn of a job in flight
     (holding a pin: its context is in memory)."""
     s = (step(now=now).running("r", job="x").waiting("cont", job="o", arrive=now - 0.1)
@@ -647,8 +649,8 @@ def test_the_arrival_order_clock_counts_an_admission_at_what_it_is_worth_to_fcfs
     assert due == {"a1": 2.0, "b2": 4.0}
 
 
-def _admissions(recompute, now: float, *, cached: int, first_turn_cached: int,  # type: ignore[no-untyped-def]
-                shortage: float) -> float:
+def _admissions(recompute: FcfsRecompute, now: float, *, cached: int,
+                first_turn_cached: int, shortage: float) -> float:
     """A second of steps (0.1 s each) in which the engine admits, each step, one
     continuing turn (2,000 prompt tokens, ``cached`` of them found cached) and, every
     other step, a job's first turn (``first_turn_cached`` found cached)."""
@@ -782,7 +784,7 @@ def test_the_price_forecast_is_a_time_weighted_average() -> None:
     assert PriceForecast(window_s=0.0).update("e", 30.0, 0.25) == 0.25
 
 
-def _flickering_small_cache(adaptive: Policy, short_s: float):  # type: ignore[no-untyped-def]
+def _flickering_small_cache(adaptive: Policy, short_s: float) -> FinishInput:
     """A 24-block cache whose waiting requests found no block for ``short_s`` seconds
     until 10 s; now memory is idle and a turn of a 3 s tool finishes holding 12 blocks
     (1,536 tokens, re-computed in 43 ms at 2.8e-5 s/token)."""
@@ -808,7 +810,7 @@ def test_a_pin_after_a_shortage_is_valued_at_the_recent_price() -> None:
         RetainAction.PIN)
 
 
-def _half_the_cache_at_a_recent_shortage(engine_prefill_s: float | None):  # type: ignore[no-untyped-def]
+def _half_the_cache_at_a_recent_shortage(engine_prefill_s: float | None) -> FinishInput:
     """The flickering small cache (price 0.39 over the next seconds), on an engine
     whose step cost the daemon has (or has not yet) learned."""
     s = (step(now=10.0, total_blocks=24, free_blocks=12).running("r1", job="a", prompt=1500)
