@@ -26,7 +26,8 @@ DAEMON_STACK = {"redis", "hiredis", "structlog", "prometheus-client", "pydantic"
 ENGINE_SIDE_TESTS = ("tests/unit/test_chains.py", "tests/unit/test_plugin_metadata.py",
                      "tests/unit/test_plugin_fallback.py", "tests/unit/test_retention_rules.py",
                      "tests/unit/test_toolcalls.py", "tests/unit/test_request_fields.py",
-                     "tests/unit/test_layering.py")
+                     "tests/unit/test_layering.py::"
+                     "test_importing_the_plugin_loads_none_of_the_daemons_stack")
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,7 +41,7 @@ def engine_side_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
          f"protobuf=={PROTOBUF_FLOOR}", str(ROOT),
          # The test runner, not kvtether's: these tests use it.
-         "pytest", "pytest-timeout", "hypothesis"],
+         "pytest", "pytest-asyncio", "pytest-timeout", "hypothesis"],
         capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     return python
