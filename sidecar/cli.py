@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -170,6 +171,10 @@ def _run_policies() -> int:
     return 0
 
 
+# What a shell reports for a command killed by SIGPIPE (128 + 13), as `yes | head` does.
+EXIT_READER_GONE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("serve", "policies") and (missing := missing_daemon_modules()):
@@ -177,11 +182,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"({', '.join(missing)} missing): pip install 'kvtether[daemon]'")
     if args.command == "serve":
         return _run_serve(args)
-    if args.command == "policies":
-        return _run_policies()
-    from sidecar.inspect_cli import run_inspect
+    try:
+        if args.command == "policies":
+            return _run_policies()
+        from sidecar.inspect_cli import run_inspect
 
-    return run_inspect(args)
+        return run_inspect(args)
+    except BrokenPipeError:
+        # `kvtether inspect watch | head`: the reader has gone, so stop without a
+        # traceback. Python flushes stdout again at exit; point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
 
 
 if __name__ == "__main__":

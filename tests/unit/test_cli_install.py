@@ -56,3 +56,15 @@ def test_param_values_are_yaml_scalars() -> None:
                                  "--param", "ttl_mode=fixed"])
     assert config.policy.params == {"fixed_ttl_s": 2.5, "pin_unmeasured_tools": False,
                                     "ttl_mode": "fixed"}
+
+
+def test_a_reader_that_goes_away_ends_the_listing_quietly() -> None:
+    # `kvtether policies | head -0`: the reader leaves before the first line is written.
+    with subprocess.Popen([sys.executable, "-m", "sidecar.cli", "policies"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as listing:
+        assert listing.stdout is not None and listing.stderr is not None
+        listing.stdout.close()
+        errors = listing.stderr.read().decode()
+        code = listing.wait(timeout=60)
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
+    assert code == 141
