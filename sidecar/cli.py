@@ -3,6 +3,7 @@
     kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...] ...
     kvtether inspect [--address HOST:PORT] policy|jobs|job ID|pins|tools|explain ID|watch
     kvtether policies
+    kvtether --version
 
 Every configuration problem ends the process with one line on stderr naming it and
 exit code 2; a daemon that cannot reach its Redis exits 3. ``serve`` and ``policies``
@@ -21,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sidecar import __version__
 
 if TYPE_CHECKING:
     from sidecar.config import DaemonConfig
@@ -54,6 +57,7 @@ def missing_daemon_modules() -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvtether", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvtether {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the policy daemon")

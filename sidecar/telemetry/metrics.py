@@ -7,6 +7,8 @@ one breaks dashboards, so it must be deliberate.
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -15,6 +17,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from sidecar import __version__
 from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS, WINDOW_ANSWERS
 from sidecar.telemetry.cpu_wait import ThreadCpuWait
 
@@ -22,6 +25,17 @@ from sidecar.telemetry.cpu_wait import ThreadCpuWait
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# The release and the interpreter that serve, as Prometheus' build_info convention has
+# it: one series set to 1 (a gauge, not an Info, so the name is the same in every
+# exposition format). `count by (version)` shows a rolling update.
+BUILD_INFO = Gauge(
+    "kvtether_build_info",
+    "The kvtether release and the Python version of this daemon (always 1).",
+    ["version", "python"],
+    registry=REGISTRY,
+)
+BUILD_INFO.labels(version=__version__, python=platform.python_version()).set(1)
 
 # Decisions are expected in tens to hundreds of microseconds.
 _DECISION_BUCKETS_S = (

@@ -4,6 +4,7 @@ match what happened."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import sidecar
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import engine_session_pb2_grpc
 from tests.support.daemon import running_daemon
@@ -73,6 +75,10 @@ def test_metric_names_types_and_counts() -> None:
     assert value("kvtether_pinned_blocks") == 4
     # Every decided report (not the resync) went through the latency histogram.
     assert value("kvtether_decision_latency_seconds_count") == 3
+    # The daemon runs this tree on this interpreter: one build series, set to 1.
+    assert families["kvtether_build_info"][1] == {
+        ("kvtether_build_info", ("python", platform.python_version()),
+         ("version", sidecar.__version__)): 1.0}
 
 
 def _cpu_wait_s(port: int) -> float:

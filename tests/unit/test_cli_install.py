@@ -50,6 +50,15 @@ def test_inspect_needs_no_extra() -> None:
     assert "Traceback" not in done.stderr and "kvtether[daemon]" not in done.stderr
 
 
+def test_version_needs_no_extra() -> None:
+    import sidecar
+
+    done = _kvtether_without_extra("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"kvtether {sidecar.__version__}\n"
+    assert sidecar.__version__ != "0+unknown"  # read from the installed metadata
+
+
 def test_param_values_are_yaml_scalars() -> None:
     config = parse_serve_config(["--policy", "continuum", "--param", "fixed_ttl_s=2.5",
                                  "--param", "pin_unmeasured_tools=false",
