@@ -9,7 +9,9 @@ Run vLLM with::
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap). The mixin overrides only documented hook points:
 ``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; the policy lives in
+``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
+one of them, or without an attribute the plugin reads, the plugin steps aside at start
+(``vllm_plugin.compat``). The policy lives in
 the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
 engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
 coordinates.
@@ -22,9 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
@@ -63,7 +65,12 @@ class KvtetherMixin:
         self.kvtether = None
         if not settings.enabled:
             logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
+            self.__class__ = self._vllm_class()  # exactly vLLM's scheduler
             return
+        if not self._fits_vllm():
+            return
+        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
         sched: Any = self
         if sched.policy != SchedulingPolicy.PRIORITY:
             raise ValueError(
@@ -89,6 +96,27 @@ class KvtetherMixin:
         logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
                     "fail-%s)", settings.engine_id, settings.daemon_address,
                     settings.deadline_s * 1000, "closed" if settings.fail_closed else "open")
+
+    def _vllm_class(self) -> type:
+        """vLLM's own scheduler class, the one after this mixin in the bases."""
+        mro = type(self).__mro__
+        return mro[mro.index(KvtetherMixin) + 1]
+
+    def _fits_vllm(self) -> bool:
+        """Check the running vLLM once, at start: untested, one warning; without an
+        internal the plugin needs, one error, and this scheduler becomes vLLM's own
+        class (nothing of the plugin left on it). False when the plugin stepped aside."""
+        vllm_class = self._vllm_class()
+        version = compat.vllm_version()
+        missing = compat.missing_internals(self, vllm_class)
+        if missing:
+            logger.error(compat.missing_internals_error(version, missing))
+            self.__class__ = vllm_class
+            return False
+        warning = compat.untested_version_warning(version)
+        if warning is not None:
+            logger.warning(warning)
+        return True
 
     def _wrap_allocation(self, agent: EngineAgent) -> None:
         # When an allocation fails, the daemon's order decides whether a pin goes before
