@@ -4,8 +4,10 @@
 - Another version: one warning naming the tested ones; the plugin runs.
 - A vLLM without an internal the plugin relies on (a method its scheduler overrides
   or calls, an attribute it reads; listed below): one error line naming each missing
-  one, and the plugin steps aside: the engine schedules exactly as vLLM's own
-  scheduler does (fail-open), never stopped by a traceback.
+  one, and the plugin steps aside: the engine schedules as vLLM's own scheduler does
+  (fail-open), never stopped by a traceback. A missing method or module is seen
+  before the scheduler is built, and vLLM's own class is built instead; a missing
+  attribute is seen on the built scheduler, whose overrides then only call vLLM's.
 
 vLLM calls ``--scheduler-cls`` "not public": these names are the plugin's whole
 dependence on vLLM's insides (docs/compatibility.md). Cheap: attribute look-ups on
@@ -81,6 +83,12 @@ def untested_version_warning(version: str) -> str | None:
 def missing_internals(scheduler: Any, vllm_class: type) -> list[str]:
     """What the plugin needs from vLLM and ``scheduler`` (built by ``vllm_class``,
     vLLM's own scheduler class) lacks, as qualified names; empty when nothing is."""
+    return missing_in_class(vllm_class) + missing_in_instance(scheduler)
+
+
+def missing_in_class(vllm_class: type) -> list[str]:
+    """What the plugin needs before a scheduler is built: the modules it imports and
+    the methods of vLLM's scheduler class (``vllm_class``) it overrides or calls."""
     missing: list[str] = []
     for module, name in IMPORTS:
         try:
@@ -89,8 +97,13 @@ def missing_internals(scheduler: Any, vllm_class: type) -> list[str]:
             found = False
         if not found:
             missing.append(f"{module}.{name}")
-    missing += _absent(vllm_class, SCHEDULER_METHODS, "Scheduler")
-    missing += _absent(scheduler, SCHEDULER_ATTRIBUTES, "Scheduler")
+    return missing + _absent(vllm_class, SCHEDULER_METHODS, "Scheduler")
+
+
+def missing_in_instance(scheduler: Any) -> list[str]:
+    """What the plugin reads on a built scheduler and its parts, and ``scheduler``
+    lacks."""
+    missing = _absent(scheduler, SCHEDULER_ATTRIBUTES, "Scheduler")
     if getattr(scheduler, "defer_block_free", False):
         missing += _absent(scheduler, DEFERRED_FREE_ATTRIBUTES, "Scheduler")
     manager = getattr(scheduler, "kv_cache_manager", None)

@@ -7,7 +7,8 @@ Run vLLM with::
 
 ``KvtetherScheduler`` picks the async or the sync class by
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
-lose vLLM's async overlap). The mixin overrides only documented hook points:
+lose vLLM's async overlap), and builds vLLM's own class when the plugin is switched
+off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides only documented hook points:
 ``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
 ``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
 one of them, or without an attribute the plugin reads, the plugin steps aside at start
@@ -65,7 +66,6 @@ class KvtetherMixin:
         self.kvtether = None
         if not settings.enabled:
             logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
-            self.__class__ = self._vllm_class()  # exactly vLLM's scheduler
             return
         if not self._fits_vllm():
             return
@@ -103,15 +103,13 @@ class KvtetherMixin:
         return mro[mro.index(KvtetherMixin) + 1]
 
     def _fits_vllm(self) -> bool:
-        """Check the running vLLM once, at start: untested, one warning; without an
-        internal the plugin needs, one error, and this scheduler becomes vLLM's own
-        class (nothing of the plugin left on it). False when the plugin stepped aside."""
-        vllm_class = self._vllm_class()
+        """Check the running vLLM at start: untested, one warning; without an internal
+        the plugin needs, one error, and the plugin steps aside (no agent: every
+        override below only calls vLLM's). False when it stepped aside."""
         version = compat.vllm_version()
-        missing = compat.missing_internals(self, vllm_class)
+        missing = compat.missing_internals(self, self._vllm_class())
         if missing:
             logger.error(compat.missing_internals_error(version, missing))
-            self.__class__ = vllm_class
             return False
         warning = compat.untested_version_warning(version)
         if warning is not None:
@@ -229,5 +227,22 @@ class KvtetherScheduler:
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config: Any = kwargs.get("vllm_config", args[0] if args else None)
         async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
-        chosen = KvtetherAsyncScheduler if async_scheduling else KvtetherSyncScheduler
-        return chosen(*args, **kwargs)
+        if async_scheduling:
+            return build(AsyncScheduler, KvtetherAsyncScheduler, *args, **kwargs)
+        return build(Scheduler, KvtetherSyncScheduler, *args, **kwargs)
+
+
+def build(vllm_class: type, plugin_class: type, *args: Any, **kwargs: Any) -> Any:
+    """``plugin_class`` (vLLM's ``vllm_class`` with the mixin) — or ``vllm_class``
+    itself, exactly vLLM's scheduler, when the plugin is switched off or vLLM lacks
+    a method or module the plugin needs (one error line naming each missing one)."""
+    if not PluginSettings.from_env().enabled:
+        logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
+        return vllm_class(*args, **kwargs)
+    missing = compat.missing_in_class(vllm_class)
+    if not missing:
+        return plugin_class(*args, **kwargs)
+    scheduler = vllm_class(*args, **kwargs)
+    logger.error(compat.missing_internals_error(
+        compat.vllm_version(), missing + compat.missing_in_instance(scheduler)))
+    return scheduler
