@@ -16,10 +16,16 @@ SCHEDULER_CLS = "vllm_plugin.scheduler.KvtetherScheduler"
 def register() -> None:
     """``vllm.general_plugins`` entry point: runs in every vLLM process at start-up.
 
-    Validates the plugin's settings early, so a bad ``KVTETHER_PLUGIN_*`` value stops
-    vLLM with a message naming it instead of failing later in the engine process.
+    Validates the plugin's settings early (vLLM loads its plugins while it parses
+    its arguments, before it loads a model): a bad ``KVTETHER_PLUGIN_*`` value or an
+    unknown ``KVTETHER_PLUGIN_*`` variable stops vLLM with one line naming it
+    (``SystemExit``: no traceback), instead of a traceback from the engine process.
+    With ``KVTETHER_PLUGIN_ENABLED=0`` it reads nothing else and never stops vLLM.
     The scheduler itself is selected with ``--scheduler-cls``.
     """
-    from vllm_plugin.settings import PluginSettings
+    from vllm_plugin.settings import PluginSettings, PluginSettingsError
 
-    PluginSettings.from_env()
+    try:
+        PluginSettings.from_env()
+    except PluginSettingsError as error:
+        raise SystemExit(f"kvtether: {error}") from None

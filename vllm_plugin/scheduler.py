@@ -7,9 +7,12 @@ Run vLLM with::
 
 ``KvtetherScheduler`` picks the async or the sync class by
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
-lose vLLM's async overlap). The mixin overrides only documented hook points:
+lose vLLM's async overlap), and builds vLLM's own class when the plugin is switched
+off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides only documented hook points:
 ``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; the policy lives in
+``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
+one of them, or without an attribute the plugin reads, the plugin steps aside at start
+(``vllm_plugin.compat``). The policy lives in
 the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
 engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
 coordinates.
@@ -22,9 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
@@ -64,6 +67,10 @@ class KvtetherMixin:
         if not settings.enabled:
             logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
             return
+        if not self._fits_vllm():
+            return
+        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
         sched: Any = self
         if sched.policy != SchedulingPolicy.PRIORITY:
             raise ValueError(
@@ -89,6 +96,25 @@ class KvtetherMixin:
         logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
                     "fail-%s)", settings.engine_id, settings.daemon_address,
                     settings.deadline_s * 1000, "closed" if settings.fail_closed else "open")
+
+    def _vllm_class(self) -> type:
+        """vLLM's own scheduler class, the one after this mixin in the bases."""
+        mro = type(self).__mro__
+        return mro[mro.index(KvtetherMixin) + 1]
+
+    def _fits_vllm(self) -> bool:
+        """Check the running vLLM at start: untested, one warning; without an internal
+        the plugin needs, one error, and the plugin steps aside (no agent: every
+        override below only calls vLLM's). False when it stepped aside."""
+        version = compat.vllm_version()
+        missing = compat.missing_internals(self, self._vllm_class())
+        if missing:
+            logger.error(compat.missing_internals_error(version, missing))
+            return False
+        warning = compat.untested_version_warning(version)
+        if warning is not None:
+            logger.warning(warning)
+        return True
 
     def _wrap_allocation(self, agent: EngineAgent) -> None:
         # When an allocation fails, the daemon's order decides whether a pin goes before
@@ -201,5 +227,22 @@ class KvtetherScheduler:
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         vllm_config: Any = kwargs.get("vllm_config", args[0] if args else None)
         async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
-        chosen = KvtetherAsyncScheduler if async_scheduling else KvtetherSyncScheduler
-        return chosen(*args, **kwargs)
+        if async_scheduling:
+            return build(AsyncScheduler, KvtetherAsyncScheduler, *args, **kwargs)
+        return build(Scheduler, KvtetherSyncScheduler, *args, **kwargs)
+
+
+def build(vllm_class: type, plugin_class: type, *args: Any, **kwargs: Any) -> Any:
+    """``plugin_class`` (vLLM's ``vllm_class`` with the mixin) — or ``vllm_class``
+    itself, exactly vLLM's scheduler, when the plugin is switched off or vLLM lacks
+    a method or module the plugin needs (one error line naming each missing one)."""
+    if not PluginSettings.from_env().enabled:
+        logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
+        return vllm_class(*args, **kwargs)
+    missing = compat.missing_in_class(vllm_class)
+    if not missing:
+        return plugin_class(*args, **kwargs)
+    scheduler = vllm_class(*args, **kwargs)
+    logger.error(compat.missing_internals_error(
+        compat.vllm_version(), missing + compat.missing_in_instance(scheduler)))
+    return scheduler

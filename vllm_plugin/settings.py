@@ -40,18 +40,28 @@
   mounted secret; surrounding whitespace is ignored). A daemon with auth tokens needs
   one whose scope its ``auth.engine_scopes`` lists; one without auth ignores it.
 
-A bad value stops the engine at start-up with a message naming the variable: a
-misconfigured plugin must not silently run without its daemon.
+A bad value, or a ``KVTETHER_PLUGIN_*`` variable that is none of these (a misspelt
+name), stops vLLM at start-up with one line naming the variable (and, for an unknown
+one, the nearest valid name): a misconfigured plugin must not silently run without its
+daemon. With ``KVTETHER_PLUGIN_ENABLED=0`` no other variable is read.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 PREFIX = "KVTETHER_PLUGIN_"
+# Every variable the plugin reads, less the prefix.
+NAMES = (
+    "DAEMON_ADDRESS", "ENGINE_ID", "DEADLINE_MS", "FAIL_MODE", "CLOSED_WAIT_S",
+    "PROVISIONAL_PIN_S", "MAX_PIN_S", "PIN_HEARTBEAT_MS", "WAITING_DEMAND_MS",
+    "WAITING_DEMAND_THREAD", "RETURNED_JOB_PRIORITY", "ENABLED", "TLS_CA_FILE",
+    "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_SERVER_NAME", "TOKEN", "TOKEN_FILE",
+)
 
 
 class PluginSettingsError(ValueError):
@@ -97,6 +107,12 @@ class PluginSettings:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> PluginSettings:
         env = os.environ if environ is None else environ
+        enabled = env.get(PREFIX + "ENABLED", "1").strip().lower()
+        if enabled not in ("0", "1", "true", "false", "yes", "no"):
+            raise PluginSettingsError(f"{PREFIX}ENABLED: expected 0 or 1, got {enabled!r}")
+        if enabled not in ("1", "true", "yes"):
+            return PluginSettings(enabled=False)  # vLLM's own scheduler: nothing else read
+        _reject_unknown(env)
 
         def number(name: str, default: float, minimum: float = 0.0) -> float:
             raw = env.get(PREFIX + name)
@@ -119,9 +135,6 @@ class PluginSettings:
         if demand_thread not in ("link", "engine"):
             raise PluginSettingsError(f"{PREFIX}WAITING_DEMAND_THREAD: expected link or "
                                       f"engine, got {demand_thread!r}")
-        enabled = env.get(PREFIX + "ENABLED", "1").strip().lower()
-        if enabled not in ("0", "1", "true", "false", "yes", "no"):
-            raise PluginSettingsError(f"{PREFIX}ENABLED: expected 0 or 1, got {enabled!r}")
         tls_files = {}
         for name in ("TLS_CA_FILE", "TLS_CERT_FILE", "TLS_KEY_FILE"):
             path = env.get(PREFIX + name, "").strip()
@@ -147,11 +160,25 @@ class PluginSettings:
             waiting_demand_interval_s=number("WAITING_DEMAND_MS", 100.0) / 1000.0,
             waiting_demand_thread=demand_thread,
             returned_job_priority=_priority(number("RETURNED_JOB_PRIORITY", 90.0)),
-            enabled=enabled in ("1", "true", "yes"),
             tls_server_name=env.get(PREFIX + "TLS_SERVER_NAME", "").strip(),
             token=token,
-            **tls_files,
+            tls_ca_file=tls_files["tls_ca_file"],
+            tls_cert_file=tls_files["tls_cert_file"],
+            tls_key_file=tls_files["tls_key_file"],
         )
+
+
+def _reject_unknown(env: Mapping[str, str]) -> None:
+    """A ``KVTETHER_PLUGIN_*`` variable the plugin does not read is a mistake (a
+    misspelt name would otherwise leave its setting at the default, unnoticed)."""
+    for variable in sorted(env):
+        name = variable.removeprefix(PREFIX)
+        if name != variable and name not in NAMES:
+            # Matched without the prefix, which every name shares.
+            nearest = difflib.get_close_matches(name, NAMES, n=1)
+            hint = (f"did you mean {PREFIX}{nearest[0]}?" if nearest
+                    else "see the plugin settings in docs/operations.md")
+            raise PluginSettingsError(f"{variable}: unknown variable; {hint}")
 
 
 def _token(env: Mapping[str, str]) -> str:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_plugin import register
 from vllm_plugin.metadata import read_metadata
 from vllm_plugin.settings import PluginSettings, PluginSettingsError
 
@@ -64,14 +65,54 @@ def test_settings_defaults_and_overrides() -> None:
         "KVTETHER_PLUGIN_DEADLINE_MS": "2.5",
         "KVTETHER_PLUGIN_FAIL_MODE": "closed",
         "KVTETHER_PLUGIN_ENGINE_ID": "pod-a",
-        "KVTETHER_PLUGIN_ENABLED": "0",
+        "KVTETHER_PLUGIN_ENABLED": "yes",
         "KVTETHER_PLUGIN_WAITING_DEMAND_MS": "0",
         "KVTETHER_PLUGIN_WAITING_DEMAND_THREAD": " Engine ",
     })
     assert (custom.daemon_address, custom.deadline_s, custom.fail_closed, custom.engine_id,
             custom.enabled, custom.waiting_demand_interval_s,
             custom.waiting_demand_thread) == (
-                "unix:/run/k.sock", 0.0025, True, "pod-a", False, 0.0, "engine")
+                "unix:/run/k.sock", 0.0025, True, "pod-a", True, 0.0, "engine")
+
+
+@pytest.mark.parametrize(("variable", "nearest"), [
+    ("KVTETHER_PLUGIN_DAEMON_ADRESS", "KVTETHER_PLUGIN_DAEMON_ADDRESS"),
+    ("KVTETHER_PLUGIN_DEADLINE_S", "KVTETHER_PLUGIN_DEADLINE_MS"),
+    ("KVTETHER_PLUGIN_ENABLE", "KVTETHER_PLUGIN_ENABLED"),
+    ("KVTETHER_PLUGIN_TLS_CA", "KVTETHER_PLUGIN_TLS_CA_FILE"),
+])
+def test_an_unknown_variable_is_an_error_naming_the_nearest_valid_one(
+        variable: str, nearest: str) -> None:
+    with pytest.raises(PluginSettingsError) as error:
+        PluginSettings.from_env({variable: "unix:/x"})
+    assert str(error.value) == f"{variable}: unknown variable; did you mean {nearest}?"
+
+
+def test_an_unknown_variable_like_no_valid_one_points_to_the_docs() -> None:
+    with pytest.raises(PluginSettingsError, match="KVTETHER_PLUGIN_ZZZ: unknown variable; "
+                                                  "see the plugin settings"):
+        PluginSettings.from_env({"KVTETHER_PLUGIN_ZZZ": "1"})
+
+
+@pytest.mark.parametrize("off", ["0", "false", " No "])
+def test_disabled_reads_no_other_variable(off: str) -> None:
+    garbage = {"KVTETHER_PLUGIN_ENABLED": off, "KVTETHER_PLUGIN_DEADLINE_MS": "fast",
+               "KVTETHER_PLUGIN_DAEMON_ADRESS": "unix:/x",
+               "KVTETHER_PLUGIN_TOKEN_FILE": "/no/such/file",
+               "KVTETHER_PLUGIN_FAIL_MODE": "sideways"}
+    assert PluginSettings.from_env(garbage) == PluginSettings(enabled=False)
+
+
+def test_register_stops_vllm_with_one_line_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVTETHER_PLUGIN_DAEMON_ADRESS", "unix:/x")
+    with pytest.raises(SystemExit) as stop:
+        register()
+    assert stop.value.code == ("kvtether: KVTETHER_PLUGIN_DAEMON_ADRESS: unknown variable; "
+                               "did you mean KVTETHER_PLUGIN_DAEMON_ADDRESS?")
+    monkeypatch.setenv("KVTETHER_PLUGIN_ENABLED", "0")
+    monkeypatch.setenv("KVTETHER_PLUGIN_DEADLINE_MS", "fast")
+    register()  # switched off: vLLM starts whatever else is set
 
 
 @pytest.mark.parametrize(
