@@ -10,6 +10,7 @@ benchmarks/retention/pool_overhead.py for the block pool's own cost.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -51,6 +52,9 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> int:
+    # No options: parsing still answers --help and refuses what it does not know,
+    # instead of running (and overwriting the committed results).
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from benchmarks.retention.flood import benchmark
     from benchmarks.retention.pool_overhead import measure

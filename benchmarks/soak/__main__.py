@@ -138,6 +138,10 @@ def main() -> int:
     parser.add_argument("--sample-s", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    # The steady state is measured from the first minute on: a shorter run has none.
+    if args.minutes < 2:
+        parser.error(f"--minutes must be at least 2 (the first minute is warm-up), "
+                     f"got {args.minutes:g}")
     duration_s = args.minutes * 60.0
     shape = WorkloadShape(job_arrivals_per_s=args.job_arrivals_per_s)
 

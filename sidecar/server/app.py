@@ -162,6 +162,16 @@ class Daemon:
         return daemon
 
     async def start(self) -> None:
+        # The metrics port first: a port in use stops the daemon before it serves.
+        if self.config.metrics.port >= 0:
+            address = f"{self.config.metrics.host}:{self.config.metrics.port}"
+            try:
+                http_server, _thread = start_http_server(
+                    self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
+            except OSError as error:
+                raise OSError(f"metrics.port: cannot serve /metrics on {address} "
+                              f"({error.strerror or error})") from None
+            self.metrics_port = int(http_server.server_port)
         await self.server.start()
         if self.inspect_server is not None:
             await self.inspect_server.start()
@@ -173,10 +183,6 @@ class Daemon:
         # in the log when that is long.
         if metrics.EVENT_LOOP_CPU_WAIT.watch_current_thread():
             self._start_task("cpu-wait", CpuWaitWatch(metrics.EVENT_LOOP_CPU_WAIT).run)
-        if self.config.metrics.port >= 0:
-            http_server, _thread = start_http_server(
-                self.config.metrics.port, addr=self.config.metrics.host, registry=REGISTRY)
-            self.metrics_port = int(http_server.server_port)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -240,7 +246,11 @@ class Daemon:
 async def serve(config: DaemonConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully."""
     daemon = await Daemon.build(config)
-    await daemon.start()
+    try:
+        await daemon.start()
+    except BaseException:
+        await daemon.stop()  # what did start (listeners, the store) ends cleanly
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

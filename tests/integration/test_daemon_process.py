@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -192,6 +193,23 @@ def test_unreachable_redis_stops_the_daemon() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert f"127.0.0.1:{dead_port}" in lines[0] and "unreachable" in lines[0]
+
+
+def test_a_metrics_port_in_use_stops_the_daemon_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            serve_command("--listen", f"127.0.0.1:{free_port()}", "--metrics-host",
+                          "127.0.0.1", "--metrics-port", str(port)),
+            capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    errors = [line for line in done.stderr.strip().splitlines()
+              if line.startswith("kvtether: error")]
+    assert errors == [f"kvtether: error: listen: metrics.port: cannot serve /metrics on "
+                      f"127.0.0.1:{port} (Address already in use)"], done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_address_in_use_stops_a_second_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
