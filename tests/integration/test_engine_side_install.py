@@ -9,13 +9,14 @@ not installed: its CPU wheel is large, and the plugin's tests here need only its
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.venvs import installed_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOBUF_FLOOR = "5.29.6"
@@ -47,14 +48,8 @@ def engine_side_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def _installed(python: Path) -> dict[str, str]:
-    listing = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"],
-                             capture_output=True, text=True, check=True)
-    return {item["name"].lower(): item["version"] for item in json.loads(listing.stdout)}
-
-
 def test_the_engine_side_install_brings_no_daemon_stack(engine_side_python: Path) -> None:
-    installed = _installed(engine_side_python)
+    installed = installed_versions(engine_side_python)
     assert installed["protobuf"] == PROTOBUF_FLOOR
     assert "kvtether" in installed and "grpcio" in installed
     assert DAEMON_STACK.isdisjoint(installed), sorted(DAEMON_STACK & installed.keys())

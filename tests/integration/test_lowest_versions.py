@@ -31,6 +31,7 @@ from packaging.version import Version
 
 from tests.support.daemon import wait_serving
 from tests.support.redis_server import free_port
+from tests.support.venvs import installed_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -114,16 +115,9 @@ def lowest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return wheel, venv
 
 
-def _versions(venv: Path) -> dict[str, str]:
-    listing = _run(venv / "bin" / "python", "-m", "pip", "list", "--format", "json",
-                   env=_clean_env())
-    return {canonicalize_name(item["name"]): item["version"]
-            for item in json.loads(listing.stdout)}
-
-
 def test_the_install_is_at_every_lower_bound(lowest: tuple[Path, Path]) -> None:
     _wheel, venv = lowest
-    installed = _versions(venv)
+    installed = installed_versions(venv / "bin" / "python", env=_clean_env())
     build_system = {canonicalize_name(Requirement(text).name)
                     for text in PYPROJECT["build-system"]["requires"]}
     off_floor = {name: installed.get(name) for name, bound in floors().items()
