@@ -46,6 +46,7 @@ from vllm_plugin.reports import ReportBuilder
 from vllm_plugin.request_retention import RequestRetention
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.timing import AnswerLag, StepTiming
+from vllm_plugin.vllm_tool_parser import VllmToolParser
 
 
 class EngineAgent:
@@ -57,12 +58,14 @@ class EngineAgent:
         clock_s: Callable[[], float] = time.time,
         decode_tail: Callable[[Sequence[int]], str] | None = None,
         parse_tool: Callable[[str | None, str | None], str | None] | None = None,
+        vllm_tool_parser: VllmToolParser | None = None,
     ) -> None:
         self.sched = scheduler
         self.settings = settings
         self.link = link if link is not None else DaemonLink.for_settings(settings)
         self._decode_tail = decode_tail
         self._parse_tool = parse_tool
+        self._vllm_tool_parser = vllm_tool_parser
         self.block_pool = scheduler.kv_cache_manager.block_pool
         self.waiting_demand = WaitingDemand(scheduler, settings.waiting_demand_interval_s)
         self.metadata: dict[str, RequestMetadata] = {}
@@ -171,8 +174,12 @@ class EngineAgent:
         meta = self.metadata.get(request.request_id) or RequestMetadata()
         reason = finish_reason(request.status)
         tool = meta.tool
-        if not tool and not meta.is_last_step and reason == pb.FINISH_REASON_STOP:
-            tool = tool_at_finish(request, meta, self._decode_tail, self._parse_tool) or ""
+        # A turn cut by max_tokens may end in a tool call too (kvtether's parsing reads a
+        # Hermes call cut off once its name is complete).
+        if not tool and not meta.is_last_step and reason in (pb.FINISH_REASON_STOP,
+                                                             pb.FINISH_REASON_LENGTH):
+            tool = tool_at_finish(request, meta, self._decode_tail, self._parse_tool,
+                                  self._vllm_tool_parser) or ""
         # Keep the parsed tool for the pin, should one be made right after.
         self.metadata[request.request_id] = RequestMetadata(
             job_id=meta.job_id, is_last_step=meta.is_last_step, tool=tool)

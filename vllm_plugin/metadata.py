@@ -33,6 +33,7 @@ from typing import Any
 
 from sidecar.api.bounds import MAX_ID_CHARS, FieldError, check_text, clean_tool_name
 from sidecar.api.v1 import engine_session_pb2 as pb
+from vllm_plugin.vllm_tool_parser import VllmToolParser
 
 logger = logging.getLogger("kvtether.plugin")
 
@@ -182,13 +183,23 @@ def reportable(request_id: str) -> bool:
 def tool_at_finish(request: Any, meta: RequestMetadata,
                    decode_tail: Callable[[Sequence[int]], str] | None,
                    parse_tool: Callable[[str | None, str | None], str | None] | None,
+                   vllm_parser: VllmToolParser | None = None,
                    ) -> str | None:
     """The tool call a finished turn ended with, parsed from its last output tokens
-    (None: no parser, none found, or parsing failed, which never fails the request)."""
+    (None: no parser, none found, or parsing failed, which never fails the request):
+    by vLLM's tool parser when one is configured, and by kvtether's own
+    (``parse_tool``) when it finds none."""
     if decode_tail is None or parse_tool is None:
         return None
     try:
-        tail = list(request.output_token_ids[-TOOL_TAIL_TOKENS:])
+        output = request.output_token_ids
+        tail = list(output[-TOOL_TAIL_TOKENS:])
+        if vllm_parser is not None and not meta.tool:
+            params = getattr(request, "sampling_params", None)
+            tool = vllm_parser.tool(tail, getattr(params, "all_stop_token_ids", None) or (),
+                                    starts_output=len(output) <= TOOL_TAIL_TOKENS)
+            if tool:
+                return tool
         return parse_tool(meta.tool or None, decode_tail(tail))
     except Exception:  # a parsing failure must never fail the request
         logger.debug("kvtether: tool parsing failed for %s", request.request_id,

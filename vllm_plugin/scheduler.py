@@ -31,15 +31,16 @@ from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
+from vllm_plugin.vllm_tool_parser import VllmToolParser
 
 logger = logging.getLogger("kvtether.plugin")
 
 
-def _tail_decoder(vllm_config: Any) -> Callable[[Sequence[int]], str]:
-    """Decode output tokens with the model's tokenizer, loaded on first use."""
+def _tokenizer_loader(vllm_config: Any) -> Callable[[], Any]:
+    """The model's tokenizer, loaded on first use (then the same one)."""
     tokenizer: Any = None
 
-    def decode(tokens: Sequence[int]) -> str:
+    def load() -> Any:
         nonlocal tokenizer
         if tokenizer is None:
             try:  # vLLM >= 0.32
@@ -50,7 +51,16 @@ def _tail_decoder(vllm_config: Any) -> Callable[[Sequence[int]], str]:
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
-        return str(tokenizer.decode(list(tokens), skip_special_tokens=True))
+        return tokenizer
+
+    return load
+
+
+def _tail_decoder(load_tokenizer: Callable[[], Any]) -> Callable[[Sequence[int]], str]:
+    """Decode output tokens with the model's tokenizer, as kvtether's parsing reads them."""
+
+    def decode(tokens: Sequence[int]) -> str:
+        return str(load_tokenizer().decode(list(tokens), skip_special_tokens=True))
 
     return decode
 
@@ -83,16 +93,24 @@ class KvtetherMixin:
         # Retention priorities on this scheduler's own block pool (which stays vLLM's own
         # class, unchanged, until a block is retained).
         retention = install_retention(sched.kv_cache_manager.block_pool)
+        load_tokenizer = _tokenizer_loader(sched.vllm_config)
         self.kvtether = EngineAgent(
             self,
             settings,
             link=DaemonLink.for_settings(settings),
-            decode_tail=_tail_decoder(sched.vllm_config),
+            decode_tail=_tail_decoder(load_tokenizer),
             parse_tool=resolve_tool,
+            vllm_tool_parser=(
+                VllmToolParser(settings.tool_parser, load_tokenizer,
+                               sched.vllm_config.model_config)
+                if settings.tool_parser else None),
         )
         self._wrap_allocation(self.kvtether)
         if retention is not None:
             self._wrap_frees(self.kvtether)
+        if settings.tool_parser:
+            logger.info("kvtether: tool calls read by vLLM's %r tool parser, by kvtether's "
+                        "own where it finds none", settings.tool_parser)
         logger.info("kvtether: engine %s reporting to daemon at %s (deadline %.1f ms, "
                     "fail-%s)", settings.engine_id, settings.daemon_address,
                     settings.deadline_s * 1000, "closed" if settings.fail_closed else "open")

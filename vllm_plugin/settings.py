@@ -29,6 +29,9 @@
   after the rest of the report. ``engine``: on the engine thread as the report is
   built, everything in it as of one instant (the digital twin, whose steps take no
   time, counts there so that a run is a function of its inputs).
+- ``KVTETHER_PLUGIN_TOOL_PARSER`` (unset): the name of a vLLM tool-call parser (as
+  ``--tool-call-parser`` takes it) that reads which tool a finished turn called; unset,
+  or when it finds none, kvtether's own parsing does (``vllm_plugin.vllm_tool_parser``).
 - ``KVTETHER_PLUGIN_ENABLED`` (1): 0 behaves exactly like vLLM's scheduler (no daemon).
 - ``KVTETHER_PLUGIN_TLS_CA_FILE``: TLS to the daemon, trusting this CA (PEM).
 - ``KVTETHER_PLUGIN_TLS_CERT_FILE`` / ``KVTETHER_PLUGIN_TLS_KEY_FILE``: this engine's
@@ -51,7 +54,7 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 PREFIX = "KVTETHER_PLUGIN_"
@@ -61,6 +64,7 @@ NAMES = (
     "PROVISIONAL_PIN_S", "MAX_PIN_S", "PIN_HEARTBEAT_MS", "WAITING_DEMAND_MS",
     "WAITING_DEMAND_THREAD", "RETURNED_JOB_PRIORITY", "ENABLED", "TLS_CA_FILE",
     "TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_SERVER_NAME", "TOKEN", "TOKEN_FILE",
+    "TOOL_PARSER",
 )
 
 
@@ -97,6 +101,8 @@ class PluginSettings:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_server_name: str = ""
+    # vLLM's tool-call parser of this name reads the tool a turn called ("": kvtether's).
+    tool_parser: str = ""
     # A secret: kept out of the settings' repr (and so out of logs).
     token: str = field(default="", repr=False)
 
@@ -165,6 +171,7 @@ class PluginSettings:
             tls_ca_file=tls_files["tls_ca_file"],
             tls_cert_file=tls_files["tls_cert_file"],
             tls_key_file=tls_files["tls_key_file"],
+            tool_parser=_tool_parser(env),
         )
 
 
@@ -175,10 +182,39 @@ def _reject_unknown(env: Mapping[str, str]) -> None:
         name = variable.removeprefix(PREFIX)
         if name != variable and name not in NAMES:
             # Matched without the prefix, which every name shares.
-            nearest = difflib.get_close_matches(name, NAMES, n=1)
-            hint = (f"did you mean {PREFIX}{nearest[0]}?" if nearest
-                    else "see the plugin settings in docs/operations.md")
+            hint = _nearest(name, NAMES, prefix=PREFIX,
+                            otherwise="see the plugin settings in docs/operations.md")
             raise PluginSettingsError(f"{variable}: unknown variable; {hint}")
+
+
+def _nearest(name: str, valid: Sequence[str], *, prefix: str = "", count: int = 1,
+             otherwise: str) -> str:
+    """``did you mean …?`` with the ``count`` valid names nearest ``name``."""
+    nearest = difflib.get_close_matches(name, valid, n=count)
+    if not nearest:
+        return otherwise
+    return "did you mean " + " or ".join(prefix + match for match in nearest) + "?"
+
+
+def _tool_parser(env: Mapping[str, str]) -> str:
+    """TOOL_PARSER's name, checked against the parsers vLLM registers (imported only
+    when the variable is set)."""
+    name = env.get(PREFIX + "TOOL_PARSER", "").strip()
+    if not name:
+        return ""
+    try:
+        from vllm_plugin.vllm_tool_parser import registered_tool_parsers
+
+        valid = registered_tool_parsers()
+    except ImportError as error:
+        raise PluginSettingsError(f"{PREFIX}TOOL_PARSER: vLLM's tool parsers cannot be "
+                                  f"imported ({error})") from None
+    if name not in valid:
+        hint = _nearest(name, valid, count=3,
+                        otherwise="see --tool-call-parser in vllm serve --help")
+        raise PluginSettingsError(
+            f"{PREFIX}TOOL_PARSER: {name!r} is not a vLLM tool parser; {hint}")
+    return name
 
 
 def _token(env: Mapping[str, str]) -> str:

@@ -1,8 +1,10 @@
 """Which tool did a finished turn call? Pure parsing of the model's output.
 
-The engine calls :func:`resolve_tool` once per finished request; the name it returns
-keys the tool-time statistics and ContextServe's FAST / SLOW tables, so the same
-normalisation (:func:`command_key`) serves both.
+The engine calls :func:`resolve_tool` once per finished request (after vLLM's own tool
+parser, when ``KVTETHER_PLUGIN_TOOL_PARSER`` names one and it found no call; that
+parser's calls are keyed by :func:`call_key`); the name it returns keys the tool-time
+statistics and ContextServe's FAST / SLOW tables, so the same normalisation
+(:func:`command_key`) serves both.
 
 Rules, in order:
 
@@ -14,7 +16,8 @@ Rules, in order:
    action ends its turn. Tool calls are
    - fenced shell blocks (```` ```bash ````, ``sh``, ``shell``, ``zsh``, ``console``): the
      first meaningful command of the last block, as its :func:`command_key`;
-   - Hermes-style ``<tool_call>{…}</tool_call>``;
+   - Hermes-style ``<tool_call>{…}</tool_call>``, also one cut off by ``max_tokens``
+     (``<tool_call>{"name": "x", "arguments": {…``) once its name is complete;
    - JSON tool calls, OpenAI style ``{"name": …, "arguments": …}``,
      ``{"function": {"name": …}}`` or a message with ``"tool_calls": […]`` (its last).
    A JSON call of a shell tool (``bash``, ``execute_bash``, …) whose arguments carry a
@@ -102,7 +105,13 @@ _SHELL_BLOCK = re.compile(
     r"```[ \t]*(?:bash|sh|shell|zsh|console)[ \t]*\r?\n(?P<body>.*?)(?:```|\Z)",
     re.DOTALL | re.IGNORECASE,
 )
-_HERMES_CALL = re.compile(r"<tool_call>\s*(?P<body>.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_HERMES_CALL = re.compile(
+    r"<tool_call>\s*(?P<body>.*?)\s*(?:(?P<closed></tool_call>)|\Z)", re.DOTALL
+)
+# The start of a Hermes call cut off by max_tokens: its name, complete, and a shell
+# command if that much is complete too.
+_CUT_CALL_NAME = re.compile(r'\A\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\\n]|\\.)*")')
+_CUT_CALL_COMMAND = re.compile(r'"(?:command|cmd)"\s*:\s*(?P<command>"(?:[^"\\\n]|\\.)*")')
 # Where a JSON tool call may start: an object whose first key is one a call uses.
 _JSON_CALL_START = re.compile(r'\{\s*"(?:name|function|type|id|tool_calls|arguments)"')
 # Shell operators that end the first command of a line.
@@ -228,11 +237,21 @@ def _name_of_call(call: Any, *, named_is_enough: bool) -> str | None:
     if isinstance(function, Mapping):
         return _name_of_call(function, named_is_enough=True)
     name = call.get("name")
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str):
         return None
     arguments = call.get("arguments", call.get("parameters", call.get("args")))
     if arguments is None and not named_is_enough:
         # {"name": …} alone is ordinary JSON output, not a call.
+        return None
+    return call_key(name, arguments)
+
+
+def call_key(name: str, arguments: Any = None) -> str | None:
+    """Key of a tool call named ``name``: a shell tool (:data:`SHELL_TOOL_NAMES`) whose
+    arguments (a mapping, or its JSON text) carry a ``command`` is keyed by that
+    command's :func:`command_key`, so it shares statistics with fenced blocks; any
+    other call by its cleaned name. None for an empty name."""
+    if not name.strip():
         return None
     if name.strip() in SHELL_TOOL_NAMES:
         command = _shell_command_argument(arguments)
@@ -259,6 +278,23 @@ def _shell_command_argument(arguments: Any) -> str | None:
     return None
 
 
+def _cut_call(body: str) -> dict[str, Any] | None:
+    """The call an unterminated ``<tool_call>`` body starts (output cut by
+    ``max_tokens``): its name once that is complete, with the shell command if that
+    is complete too; None when not even the name is."""
+    name_match = _CUT_CALL_NAME.match(body)
+    if name_match is None:
+        return None
+    try:
+        call: dict[str, Any] = {"name": json.loads(name_match.group("name"))}
+        command_match = _CUT_CALL_COMMAND.search(body, name_match.end())
+        if command_match is not None:
+            call["arguments"] = {"command": json.loads(command_match.group("command"))}
+    except ValueError:
+        return None
+    return call
+
+
 def _last_json_call(text: str) -> tuple[int, str] | None:
     """(position, tool name) of the last Hermes or JSON tool call."""
     decoder = json.JSONDecoder()
@@ -268,7 +304,9 @@ def _last_json_call(text: str) -> tuple[int, str] | None:
         try:
             value, _ = decoder.raw_decode(body)
         except ValueError:
-            continue
+            if match.group("closed") is not None:
+                continue
+            value = _cut_call(body)
         name = _name_of_call(value, named_is_enough=True)
         if name is not None:
             found = (match.start(), name)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -175,3 +178,18 @@ def test_item9_long_job_id_kept(caplog: pytest.LogCaptureFixture) -> None:
     assert caplog.text.count("job_id") + caplog.text.count("session_id") == 2
     scope = read_metadata(request({"retention_scope": "s" * 300})).retention_scope
     assert 0 < len(scope) <= 256
+
+
+def test_without_a_tool_parser_nothing_of_vllm_is_imported() -> None:
+    # KVTETHER_PLUGIN_TOOL_PARSER unset: the settings, the agent and its tool reading
+    # import no vLLM module (vLLM's parsers load only when the variable names one).
+    probe = ("import sys\n"
+             "from vllm_plugin.settings import PluginSettings\n"
+             "import vllm_plugin.agent, vllm_plugin.metadata, vllm_plugin.vllm_tool_parser\n"
+             "assert PluginSettings.from_env({}).tool_parser == ''\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('vllm', 'torch', 'transformers')))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60, check=True, env={**os.environ,
+                                                         "PYTHONPATH": ":".join(sys.path)})
+    assert result.stdout.strip() == "[]"

@@ -120,6 +120,25 @@ def test_fenced_shell_blocks(output: str, tool: str | None) -> None:
             "git status",
             id="shell-tool-string-arguments",
         ),
+        pytest.param(
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+            "get_weather",
+            id="hermes-cut-off-by-max-tokens",
+        ),
+        pytest.param(
+            '<tool_call>{"name": "bash", "arguments": {"command": "git status", "timeout": 3',
+            "git status",
+            id="hermes-cut-off-shell-tool-keyed-by-its-complete-command",
+        ),
+        pytest.param(
+            '<tool_call>{"name": "bash", "arguments": {"command": "pyte',
+            "bash",
+            id="hermes-cut-off-inside-the-command",
+        ),
+        pytest.param('<tool_call>{"name": "get_wea', None, id="hermes-cut-off-inside-the-name"),
+        pytest.param(
+            '<tool_call>{"name": "x", "arguments": {</tool_call>', None, id="hermes-closed-not-json"
+        ),
         pytest.param('{"name": "Alice", "age": 3}', None, id="json-that-is-not-a-call"),
         pytest.param('{"name": "x", "arguments": ', None, id="truncated-json"),
     ],
