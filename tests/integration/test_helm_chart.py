@@ -127,6 +127,27 @@ def test_values_schema_refuses_bad_values_naming_the_field(values: dict[str, Any
     assert named in error, f"helm's refusal of {values} does not name {named}: {error}"
 
 
+def test_install_notes_point_several_replicas_at_routing_and_a_shared_store(
+        tmp_path: Path) -> None:
+    def notes(values: dict[str, Any]) -> str:
+        values_file = tmp_path / "notes.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        done = run([tool("helm"), "install", "kvt", str(CHART), "--dry-run=client",
+                    "--values", str(values_file)])
+        assert done.returncode == 0, done.stderr
+        return done.stdout.partition("NOTES:")[2]
+
+    single = notes({})
+    assert "kvtether inspect --address 127.0.0.1:50051 pins" in single
+    assert "docs/routing.md" not in single
+    several = notes({"replicaCount": 2})
+    assert "docs/routing.md" in several and "store.redisUrl" in several
+    shared = notes({"replicaCount": 2, "store": {"redisUrl": "redis://redis:6379/0"}})
+    assert "docs/routing.md" in shared and "store.redisUrl" not in shared
+    mutual = notes(VALUE_SETS["tls-and-tokens"])
+    assert "--tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in mutual
+
+
 # --- what the API server accepts ---------------------------------------------------------
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -222,6 +243,17 @@ def test_pod_runs_the_daemon_as_a_native_sidecar_on_a_shared_socket(name: str,
             target = port["targetPort"]
             assert ports.get(target, target) in ports.values(), (
                 f"Service {service['metadata']['name']} targets {target}; the pod serves {ports}")
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_no_mount_lies_inside_another(name: str, tmp_path: Path) -> None:
+    # The runtime cannot create a mount point inside a read-only ConfigMap or Secret
+    # volume: such a pod never starts.
+    for container in containers(render(name, tmp_path)):
+        paths = [PurePosixPath(m["mountPath"]) for m in container["volumeMounts"]]
+        nested = [(inner, outer) for inner in paths for outer in paths
+                  if inner != outer and outer in inner.parents]
+        assert not nested, f"{name}: {container['name']} mounts {nested} (inner, outer)"
 
 
 def test_each_container_gets_only_its_own_secret_keys(tmp_path: Path) -> None:

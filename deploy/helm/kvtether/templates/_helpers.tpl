@@ -33,11 +33,12 @@ app.kubernetes.io/part-of: kvtether
 {{- printf "%s:%s" .Values.daemon.image.repository (default .Chart.AppVersion .Values.daemon.image.tag) }}
 {{- end }}
 
-{{/* Mount points inside the daemon container. */}}
+{{/* Mount points. None lies inside another: the runtime cannot make a mount point
+     inside a read-only ConfigMap or Secret volume. */}}
 {{- define "kvtether.configDir" -}}/etc/kvtether{{- end }}
-{{- define "kvtether.authDir" -}}/etc/kvtether/auth{{- end }}
-{{- define "kvtether.tlsDir" -}}/etc/kvtether/tls{{- end }}
-{{- define "kvtether.engineTokenDir" -}}/var/run/secrets/kvtether{{- end }}
+{{- define "kvtether.authDir" -}}/var/run/secrets/kvtether/auth{{- end }}
+{{- define "kvtether.tlsDir" -}}/var/run/secrets/kvtether/tls{{- end }}
+{{- define "kvtether.engineTokenDir" -}}/var/run/secrets/kvtether/engine{{- end }}
 
 {{/* The daemon's config file: policy, store, auth and TLS from the values, then
      daemon.config merged over them. Listen addresses, the socket and the metrics port
