@@ -3,7 +3,9 @@
 No Docker engine or cluster is needed: docker-compose.yml, docker-compose.cpu.yml,
 deploy/k8s/*.yaml, deploy/prometheus/prometheus.yml and the Grafana dashboard are
 parsed and cross-checked (ports, socket paths, mounted files, metric names, the
-scheduler class), every daemon command line they carry is run through the real CLI
+scheduler class), the compose files are checked against the Compose Specification's
+schema and the kustomize output against every Kubernetes API schema from 1.29 on,
+every daemon command line they carry is run through the real CLI
 (``kvtether serve ... --check``), and the commands that matter are run natively: the
 compose daemon against a real Redis with its own healthcheck, the Kubernetes sidecar
 over its Unix socket, the vLLM healthcheck against an HTTP server.

@@ -288,6 +288,10 @@ def test_chart_defaults_are_the_kustomize_manifests(tmp_path: Path) -> None:
     assert chart_engine["resources"] == k8s_engine["resources"]
     assert chart_daemon["image"] == k8s_daemon["image"]
     assert chart_engine["args"] == k8s_engine["args"]
+    for key in ("startupProbe", "readinessProbe", "livenessProbe", "securityContext", "ports"):
+        assert chart_daemon[key] == k8s_daemon[key], f"the daemon's {key} differs"
+    for key in ("startupProbe", "readinessProbe", "livenessProbe", "ports"):
+        assert chart_engine[key] == k8s_engine[key], f"vLLM's {key} differs"
     for flag in ("--listen", "--unix-socket", "--metrics-port", "--metrics-host"):
         assert flag_value(chart_daemon["args"], flag) == flag_value(k8s_daemon["args"], flag)
 
