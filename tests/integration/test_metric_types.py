@@ -9,14 +9,22 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.api.v1 import engine_session_pb2 as pb
-from sidecar.api.v1 import engine_session_pb2_grpc, inspect_pb2, inspect_pb2_grpc
+from sidecar.api.v1 import (
+    engine_session_pb2_grpc,
+    inspect_pb2,
+    inspect_pb2_grpc,
+    retention_pb2,
+    retention_pb2_grpc,
+)
 from tests.support.daemon import running_daemon
 
 KV = pb.KvCapacity(total_blocks=100, free_blocks=50, block_size_tokens=16)
@@ -154,3 +162,28 @@ def test_an_engine_that_restarts_reads_as_a_counter_reset() -> None:
             may_end.set()
             assert list(answers) == []
     assert read == [40, 3]
+
+
+def test_calls_the_rate_limit_refuses_count_with_their_code(tmp_path: Path) -> None:
+    """The metrics interceptor runs outside the rate limiter: a Retention call it refuses
+    counts as RESOURCE_EXHAUSTED, as the caller saw it."""
+    config = tmp_path / "kvtether.yaml"
+    config.write_text(yaml.safe_dump({"limits": {"retention_calls_per_s": 0.5,
+                                                 "retention_burst": 2}}))
+    with running_daemon("--config", str(config)) as daemon:
+        stub = retention_pb2_grpc.RetentionStub(daemon.channel())
+        request = retention_pb2.GetDirectivesRequest(
+            target=retention_pb2.RetentionTarget(session_id="limited"))
+        seen: dict[str, int] = {}
+        for _ in range(6):
+            try:
+                stub.GetDirectives(request, timeout=5)
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+            seen[code] = seen.get(code, 0) + 1
+        families = scrape_all(daemon.metrics_port)
+    call = grpc_labels(("unary", "kvtether.v1.Retention", "GetDirectives"))
+    assert seen.get("RESOURCE_EXHAUSTED", 0) >= 3, seen
+    assert {code: value(families, "grpc_server_handled_total", **call, grpc_code=code)
+            for code in seen} == seen
