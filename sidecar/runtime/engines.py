@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import structlog
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
@@ -31,6 +31,7 @@ from sidecar.runtime.mirror import EngineMirror, LiveRequest
 from sidecar.runtime.reports import validate_report
 from sidecar.runtime.steptime import EngineStepCosts, StepWork
 from sidecar.telemetry import metrics
+from sidecar.telemetry.engine_counters import EngineTotals
 
 log = structlog.get_logger("kvtether.engines")
 
@@ -73,23 +74,21 @@ def _count_contents(report: pb.StepReport) -> None:
         metrics.STEP_REPORT_CONTENTS.labels(name).inc()
 
 
-# An engine's series that describe its session (the mirror's counters, the last
-# decision): removed when the session ends.
-_SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
-                   metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
-                   metrics.ENGINE_LATE_ANSWER_SHARE, metrics.ENGINE_IDLE_WAITS,
-                   metrics.ENGINE_IDLE_WAITS_MISSED)
-# What the daemon learned of an engine's hardware: kept across its sessions, removed
-# when the engine is forgotten.
-_LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
-                   metrics.ENGINE_STEP_S)
+# An engine's series that describe its session (the last decision, the recent answer
+# lags; its own counts are in metrics.ENGINE_COUNTERS): removed when the session ends.
+_SESSION_GAUGES = (metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
+                   metrics.ENGINE_LATE_ANSWER_SHARE)
+# What the daemon learned or counted of an engine: kept across its sessions (a counter
+# that outlives a reconnect does not reset), removed when the engine is forgotten.
+_LEARNED_SERIES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
+                   metrics.ENGINE_STEP_S, metrics.ENGINE_STEPS, metrics.PINS_UNRETURNED)
 # How long an engine may be gone before the daemon forgets it (DaemonConfig).
 DEFAULT_FORGET_AFTER_S = 600.0
 
 
-def _remove_series(gauge: Gauge, *labels: str) -> None:
+def _remove_series(series: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set: older prometheus-clients raise
-        gauge.remove(*labels)
+        series.remove(*labels)
 
 
 class EngineRegistry:
@@ -121,8 +120,6 @@ class EngineRegistry:
         # reports change the engine's mirror, and a stale stream closing after the
         # engine reconnected must not drop the new stream's mirror.
         self._owner: dict[str, EngineStream] = {}
-        # Each engine's decision-lag histogram as last exported to the metrics.
-        self._lags_exported: dict[str, tuple[int, ...]] = {}
 
     def handle(self, report: pb.StepReport, stream: EngineStream | None = None
                ) -> pb.StepDecision:
@@ -160,6 +157,8 @@ class EngineRegistry:
             return pb.StepDecision(seq=report.seq, resync_requested=True,
                                    policy=self.decider.policy.name)
         delta = mirror.apply(report)
+        if report.work.steps:
+            metrics.ENGINE_STEPS.labels(report.engine_id).inc(report.work.steps)
         mirror.engine_cost = self._learn_step_cost(report)
         mirror.prefill_rate.add(report.now_s, report.work.prefill_tokens)
         share = mirror.prefill_time_share()
@@ -225,8 +224,8 @@ class EngineRegistry:
                     if now_s - at_s >= self.forget_after_s and engine_id not in self._owner]
         for engine_id in departed:
             self._remove_session_series(engine_id)
-            for gauge in _LEARNED_GAUGES:
-                _remove_series(gauge, engine_id)
+            for series in _LEARNED_SERIES:
+                _remove_series(series, engine_id)
             self.step_costs.forget(engine_id)
             self._drop_mirror(engine_id)  # a session-less engine still has one
             self.decider.policy.forget_engine(engine_id)
@@ -255,33 +254,24 @@ class EngineRegistry:
     def _remove_session_series(self, engine_id: str) -> None:
         for gauge in _SESSION_GAUGES:
             _remove_series(gauge, engine_id)
-        for lag in range(len(self._lags_exported.pop(engine_id, ()))):
-            _remove_series(metrics.ENGINE_ANSWERS_BY_LAG, engine_id, str(lag))
+        metrics.ENGINE_COUNTERS.remove(engine_id)
 
     def _count(self, decision: pb.StepDecision, mirror: EngineMirror) -> None:
         if decision.priorities:
             metrics.DECISIONS.labels("priority").inc(len(decision.priorities))
         for pin in decision.pins:
             metrics.DECISIONS.labels("pin" if pin.action == pb.PIN_ACTION_PIN else "release").inc()
-        metrics.ENGINE_FALLBACK_STEPS.labels(mirror.engine_id).set(
-            mirror.counters.fallback_steps)
-        metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS.labels(mirror.engine_id).set(
-            mirror.counters.provisional_block_seconds)
-        metrics.ENGINE_IDLE_WAITS.labels(mirror.engine_id).set(mirror.counters.idle_waits)
-        metrics.ENGINE_IDLE_WAITS_MISSED.labels(mirror.engine_id).set(
-            mirror.counters.idle_waits_missed)
+        counters = mirror.counters
+        metrics.ENGINE_COUNTERS.update(mirror.engine_id, EngineTotals(
+            fallback_steps=counters.fallback_steps, idle_waits=counters.idle_waits,
+            idle_waits_missed=counters.idle_waits_missed,
+            provisional_block_seconds=counters.provisional_block_seconds,
+            answers_by_lag_steps=tuple(counters.answers_by_lag_steps)))
         metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
             1 if decision.provisional_cache else 0)
-        lags = tuple(mirror.counters.answers_by_lag_steps)
-        exported = self._lags_exported.get(mirror.engine_id, ())
-        if lags != exported:
-            self._lags_exported[mirror.engine_id] = lags
-            for lag, answers in enumerate(lags):  # a report moves one bucket or two
-                if lag >= len(exported) or exported[lag] != answers:
-                    metrics.ENGINE_ANSWERS_BY_LAG.labels(mirror.engine_id, str(lag)).set(answers)
-            late_share = mirror.answer_lags.late_share()
-            if late_share is not None:
-                metrics.ENGINE_LATE_ANSWER_SHARE.labels(mirror.engine_id).set(late_share)
+        late_share = mirror.answer_lags.late_share()
+        if late_share is not None:
+            metrics.ENGINE_LATE_ANSWER_SHARE.labels(mirror.engine_id).set(late_share)
         if decision.pins:
             self._update_pin_gauges()
 

@@ -102,7 +102,7 @@ class EngineMirror:
             RequestState.WAITING: {}, RequestState.RUNNING: {}}
         # Read freely; changed only through add_pin / end_pin (pin_outcomes counts them).
         self.pins: dict[str, PinView] = {}
-        self.pin_outcomes = PinOutcomes()
+        self.pin_outcomes = PinOutcomes(engine_id)
         self.counters = pb.EngineCounters()
         # The lags of its recent answers, from the counters (answer_lag.py).
         self.answer_lags = RecentAnswerLags()

@@ -37,7 +37,8 @@ class PinOutcomes:
     """The pins of one engine, from pinned to ended. Ending a pin it does not know
     (never pinned here, or already ended) is harmless: releases may repeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine_id: str) -> None:
+        self._engine_id = engine_id
         self._held: dict[str, _Held] = {}
         self._by_job: dict[str, set[str]] = {}
 
@@ -65,6 +66,8 @@ class PinOutcomes:
         outcome = RETURNED if held.returned_at_s is not None else NOT_RETURNED
         until_s = held.returned_at_s if held.returned_at_s is not None else at_s
         metrics.PINS_ENDED.labels(outcome).inc()
+        if outcome == NOT_RETURNED:
+            metrics.PINS_UNRETURNED.labels(self._engine_id).inc()
         metrics.PIN_BLOCK_SECONDS.labels(outcome).inc(
             held.blocks * max(until_s - held.pinned_at_s, 0.0))
 

@@ -43,6 +43,7 @@ from sidecar.runtime.engines import EngineRegistry
 from sidecar.runtime.recorder import Recorder
 from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
+from sidecar.server.grpc_metrics import GrpcMetricsInterceptor
 from sidecar.server.inspect import InspectService
 from sidecar.server.limits import RateLimitInterceptor
 from sidecar.server.retention import RetentionService
@@ -124,8 +125,10 @@ class Daemon:
         limiter = RateLimitInterceptor(
             f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
             config.limits.retention_burst, authenticator)
-        server = grpc.aio.server(options=SERVER_OPTIONS,
-                                 interceptors=[DecodeErrorInterceptor(), limiter])
+        # Metrics first: outermost, they count the calls the others refuse.
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS,
+            interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor(), limiter])
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
             EngineSessionService(engines, authenticator), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
@@ -139,8 +142,9 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(options=SERVER_OPTIONS,
-                                             interceptors=[DecodeErrorInterceptor()])
+            inspect_server = grpc.aio.server(
+                options=SERVER_OPTIONS,
+                interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor()])
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])
         else:

@@ -13,18 +13,27 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
 )
 
 from sidecar import __version__
 from sidecar.telemetry.answer_lag import LATE_ANSWER_STEPS, WINDOW_ANSWERS
 from sidecar.telemetry.cpu_wait import ThreadCpuWait
+from sidecar.telemetry.engine_counters import EngineCounterCollector
 
 # ``*_created`` series double the exposition and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# The standard process_* (CPU, memory, open files, start time) and python_* (GC,
+# interpreter) series that Prometheus clients export by default, read at scrape time.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
 
 # The release and the interpreter that serve, as Prometheus' build_info convention has
 # it: one series set to 1 (a gauge, not an Info, so the name is the same in every
@@ -103,6 +112,16 @@ PINS_ENDED = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# Per engine: a pin there pays only if its job's next turn comes back to that engine,
+# which routing decides (docs/metrics.md). Rising on one engine while its jobs are
+# served: their next turns go to other engines, or never come.
+PINS_UNRETURNED = Counter(
+    "kvtether_pins_unreturned_total",
+    "Pins the engine released (expired, freed under pressure or by the engine) before "
+    "their job's next turn arrived at that engine.",
+    ["engine"],
+    registry=REGISTRY,
+)
 PIN_BLOCK_SECONDS = Counter(
     "kvtether_pin_block_seconds_total",
     "KV block-seconds pins held, by outcome: from the pin to its job's return, or to its "
@@ -110,30 +129,16 @@ PIN_BLOCK_SECONDS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
-ENGINE_FALLBACK_STEPS = Gauge(
-    "kvtether_engine_fallback_steps",
-    "Steps engines scheduled natively because no fresh decision came (engine-reported).",
-    ["engine"],
-    registry=REGISTRY,
-)
-ENGINE_IDLE_WAITS = Gauge(
-    "kvtether_engine_idle_waits",
-    "Times engines, going idle, waited for the daemon's answer to their last report (up "
-    "to the deadline; engine-reported, cumulative): the answers applied 0 steps late.",
-    ["engine"],
-    registry=REGISTRY,
-)
-ENGINE_IDLE_WAITS_MISSED = Gauge(
-    "kvtether_engine_idle_waits_missed",
-    "Of the engines' idle waits for the daemon's answer, those that ran out before it "
-    "came (engine-reported, cumulative): the daemon slower than the deadline.",
-    ["engine"],
-    registry=REGISTRY,
-)
-ENGINE_PROVISIONAL_BLOCK_SECONDS = Gauge(
-    "kvtether_engine_provisional_block_seconds",
-    "KV block-seconds the engine held finished requests' blocks awaiting the daemon's "
-    "word on a pin (engine-reported, cumulative): the memory the answer lag costs.",
+# The engines' own cumulative counts (fallback steps, idle waits, provisional
+# block-seconds, answers by lag), exported from their latest reports as counters and a
+# histogram (sidecar/telemetry/engine_counters.py).
+ENGINE_COUNTERS = EngineCounterCollector()
+REGISTRY.register(ENGINE_COUNTERS)
+# The steps an engine reported running, to read its fallback steps against.
+ENGINE_STEPS = Counter(
+    "kvtether_engine_steps_total",
+    "Engine steps that scheduled work, as the engine's reports to this daemon carried them "
+    "(steps while no daemon listened are not counted).",
     ["engine"],
     registry=REGISTRY,
 )
@@ -145,14 +150,6 @@ ENGINE_FINISHED_TURNS_CACHED = Gauge(
     "1 while the daemon asks the engine to keep finished turns' blocks cached at the top "
     "retention priority, 0 while it asks them held, until its word on a pin lands.",
     ["engine"],
-    registry=REGISTRY,
-)
-ENGINE_ANSWERS_BY_LAG = Gauge(
-    "kvtether_engine_answers_by_lag_steps",
-    "Decisions the engine applied, by steps between its report and their application "
-    "(lag 1: the next step, as designed; the highest lag: that many or more; "
-    "engine-reported, cumulative).",
-    ["engine", "lag"],
     registry=REGISTRY,
 )
 # What adaptive's provisional_cache=auto reads: while a tenth or more of an engine's
@@ -243,5 +240,37 @@ DECISION_WATCHERS_DROPPED = Counter(
 DECISION_WATCHERS_REFUSED = Counter(
     "kvtether_decision_watchers_refused_total",
     "WatchDecisions streams refused because limits.max_watchers were open.",
+    registry=REGISTRY,
+)
+
+# gRPC server metrics, named and labelled as go-grpc-prometheus names them (the names
+# gRPC dashboards and alerts expect); sidecar/server/grpc_metrics.py counts them. A
+# stream (an engine's Session, WatchDecisions) is one call: started when it opens,
+# handled with its status when it ends.
+_GRPC_LABELS = ["grpc_type", "grpc_service", "grpc_method"]
+# Unary calls take well under a millisecond to tens of milliseconds; streams last
+# minutes to days and land in the top buckets.
+_GRPC_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    5.0, 60.0, 600.0, 3600.0,
+)
+GRPC_STARTED = Counter(
+    "grpc_server_started_total",
+    "gRPC calls started on the server, by type, service and method.",
+    _GRPC_LABELS,
+    registry=REGISTRY,
+)
+GRPC_HANDLED = Counter(
+    "grpc_server_handled_total",
+    "gRPC calls completed on the server, by type, service, method and status code.",
+    [*_GRPC_LABELS, "grpc_code"],
+    registry=REGISTRY,
+)
+GRPC_HANDLING_SECONDS = Histogram(
+    "grpc_server_handling_seconds",
+    "Seconds from a gRPC call's start to its end on the server (a stream: its whole "
+    "life), by type, service and method.",
+    _GRPC_LABELS,
+    buckets=_GRPC_BUCKETS_S,
     registry=REGISTRY,
 )

@@ -68,8 +68,12 @@ VLLM_METRICS = {
     "vllm:prefix_cache_queries_total",
 }
 VLLM_LABELS = {"engine", "model_name"}
-# Labels Prometheus adds to every scraped series.
-TARGET_LABELS = {"instance", "job"}
+# The standard process_* series of the daemon's Prometheus client the dashboard charts.
+STANDARD_METRICS = {"process_cpu_seconds_total", "process_resident_memory_bytes"}
+# Labels Prometheus adds to every scraped series: its own, Kubernetes service
+# discovery's namespace, and model_name where the scrape sets it (the dashboard's
+# variables filter by all of them).
+TARGET_LABELS = {"instance", "job", "namespace", "model_name"}
 # CPU block size is 128 tokens; 17 blocks is the least vLLM accepts for 2048 tokens.
 MIN_CPU_BLOCKS_FOR_2048 = 17
 DAEMON_IMAGE = "kvtether/kvtether"
@@ -160,12 +164,15 @@ def exposed_metric_names() -> dict[str, str]:
 
 
 def daemon_label_names() -> dict[str, set[str]]:
-    """Label names of each daemon metric family, as declared in sidecar/telemetry/metrics.py."""
+    """Label names of each daemon metric family, as declared in sidecar/telemetry/metrics.py
+    (its metrics, and the families of the engines' counts it collects)."""
     labels = {}
     for value in vars(daemon_metrics).values():
         name = getattr(value, "_name", None)
-        if isinstance(name, str) and name.startswith("kvtether_"):
+        if isinstance(name, str) and name.startswith(("kvtether_", "grpc_server_")):
             labels[name] = set(getattr(value, "_labelnames", ()))
+    for family in daemon_metrics.ENGINE_COUNTERS.describe():
+        labels[family.name] = set(getattr(family, "_labelnames", ()))
     return labels
 
 
@@ -803,7 +810,7 @@ def test_dashboard_is_well_formed() -> None:
 
 def metric_names(expr: str) -> set[str]:
     return {token for token in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", expr)
-            if token.startswith(("kvtether_", "vllm:"))}
+            if token.startswith(("kvtether_", "vllm:", "grpc_server_", "process_"))}
 
 
 def test_dashboard_queries_only_metrics_that_exist() -> None:
@@ -821,6 +828,8 @@ def test_dashboard_queries_only_metrics_that_exist() -> None:
                     assert name in VLLM_METRICS, (
                         f"panel {title!r}: {name} is not one of vLLM's metrics {VLLM_METRICS}")
                     allowed_labels |= VLLM_LABELS
+                    continue
+                if name in STANDARD_METRICS:
                     continue
                 assert name in exposed, (
                     f"panel {title!r}: {name} is not a series the daemon exports "

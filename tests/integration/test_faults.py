@@ -142,7 +142,7 @@ def test_daemon_frozen_past_the_deadline(model_dir: Path, monkeypatch: pytest.Mo
         steps_taken_s = time.monotonic() - started
         assert engine.agent.counters.fallback_steps > 0
         # Each time the engine went idle it waited its deadline, and the answer never
-        # came: counted for the operator (kvtether_engine_idle_waits_missed).
+        # came: counted for the operator (kvtether_engine_idle_waits_missed_total).
         assert engine.agent.counters.idle_waits_missed > missed_before
         time.sleep(0.6)
         engine.add("tick", [1, 2, 3], job="tick", last=True)

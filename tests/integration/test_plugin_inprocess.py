@@ -153,7 +153,7 @@ def test_a_non_last_turn_is_pinned_and_its_next_turn_hits(
     pinned = len(engine.agent.pins["t1"].blocks)
     assert engine.free() == engine.start_free - pinned
     # Held provisionally from the finish to the daemon's PIN: counted once, for the
-    # report carries it to the daemon's kvtether_engine_provisional_block_seconds.
+    # report carries it to the daemon's kvtether_engine_provisional_block_seconds_total.
     provisional = engine.agent.counters.provisional_block_seconds
     assert 0 < provisional <= pinned * drained_s
 
@@ -188,17 +188,22 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeE
             engine.drain()
         wait_until(lambda: bool(sent) and sent[-1].seq == engine.agent.seq)
         reported = list(sent[-1].counters.answers_by_lag_steps)
-        name, engine_id = "kvtether_engine_answers_by_lag_steps", engine.agent.settings.engine_id
+        name, engine_id = "kvtether_engine_answer_lag_steps", engine.agent.settings.engine_id
+        bounds = [f"{lag}.0" for lag in range(len(reported) - 1)] + ["+Inf"]
 
         def exported() -> list[float]:
+            """The histogram's buckets, back to answers per lag."""
             samples = scrape(daemon.metrics_port).get(name, ("", {}))[1]
-            return [samples.get((name, ("engine", engine_id), ("lag", str(lag))), -1.0)
-                    for lag in range(len(reported))]
+            cumulative = [samples.get((f"{name}_bucket", ("engine", engine_id), ("le", le)),
+                                      -1.0) for le in bounds]
+            return [now - below for now, below in zip(cumulative, [0.0, *cumulative[:-1]],
+                                                      strict=True)]
 
         wait_until(lambda: exported() == reported)  # once the daemon decided that report
         waits = sent[-1].counters.idle_waits
-        wait_until(lambda: scrape(daemon.metrics_port).get("kvtether_engine_idle_waits", (
-            "", {}))[1].get(("kvtether_engine_idle_waits", ("engine", engine_id))) == waits)
+        waits_name = "kvtether_engine_idle_waits"
+        wait_until(lambda: scrape(daemon.metrics_port).get(waits_name, ("", {}))[1].get(
+            (f"{waits_name}_total", ("engine", engine_id))) == waits)
     assert len(reported) == 8
     # Applied at the next schedule() (lag 1) or, when the engine went idle, waited for
     # and applied in the same step (lag 0); the engine applied every answer it counted.

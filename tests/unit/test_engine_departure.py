@@ -47,14 +47,16 @@ def engine_series(engine_id: str) -> set[str]:
             if sample.labels.get("engine") == engine_id}
 
 
-SESSION_SERIES = {"kvtether_engine_fallback_steps", "kvtether_engine_answers_by_lag_steps",
-                  "kvtether_engine_idle_waits", "kvtether_engine_idle_waits_missed",
+SESSION_SERIES = {"kvtether_engine_fallback_steps_total",
+                  "kvtether_engine_answer_lag_steps_bucket",
+                  "kvtether_engine_answer_lag_steps_count",
+                  "kvtether_engine_idle_waits_total", "kvtether_engine_idle_waits_missed_total",
                   "kvtether_engine_finished_turns_cached",
                   "kvtether_engine_late_answer_share",
                   "kvtether_engine_prefill_time_ratio",
-                  "kvtether_engine_provisional_block_seconds"}
+                  "kvtether_engine_provisional_block_seconds_total"}
 LEARNED_SERIES = {"kvtether_engine_prefill_seconds_per_token", "kvtether_engine_step_seconds",
-                  "kvtether_engine_decode_seconds_per_request"}
+                  "kvtether_engine_decode_seconds_per_request", "kvtether_engine_steps_total"}
 
 
 def run_engine(engines: EngineRegistry, engine_id: str, session: EngineStream | None,

@@ -126,3 +126,27 @@ def test_the_wait_the_daemon_asks_of_each_engine_is_exported() -> None:
                                      new_requests=[_new("a1", "a", 0.0)]))
         assert REGISTRY.get_sample_value("kvtether_engine_finished_turns_cached",
                                          {"engine": engine_id}) == expected
+
+
+def _unreturned(engine_id: str) -> float:
+    return REGISTRY.get_sample_value("kvtether_pins_unreturned_total",
+                                     {"engine": engine_id}) or 0.0
+
+
+def test_a_pin_whose_job_came_back_to_another_engine_counts_unreturned_on_its_own() -> None:
+    """kvtether_pins_unreturned_total{engine}: the job's next turn was routed to another
+    engine, so the pin that held its context on the first one paid nothing there."""
+    before = {engine_id: _unreturned(engine_id) for engine_id in ("pod-1", "pod-2")}
+    engines = _engines(_PinsEveryTurn())
+    engines.handle(pb.StepReport(engine_id="pod-1", seq=1, snapshot=True, now_s=0.0,
+                                 new_requests=[_new("a1", "a", 0.0)]))
+    engines.handle(pb.StepReport(engine_id="pod-2", seq=1, snapshot=True, now_s=0.0))
+    decision = engines.handle(pb.StepReport(engine_id="pod-1", seq=2, now_s=1.0,
+                                            events=[_finished("a1", 1.0, blocks=4)]))
+    assert [p.request_id for p in decision.pins if p.action == pb.PIN_ACTION_PIN] == ["a1"]
+    # Job a's next turn reaches pod-2; pod-1's pin expires with nothing back (4 s).
+    engines.handle(pb.StepReport(engine_id="pod-2", seq=2, now_s=2.0,
+                                 new_requests=[_new("a2", "a", 2.0)]))
+    engines.handle(pb.StepReport(engine_id="pod-1", seq=3, now_s=6.0))
+    assert _unreturned("pod-1") - before["pod-1"] == 1
+    assert _unreturned("pod-2") == before["pod-2"]
