@@ -90,6 +90,9 @@ class ClientFieldsMiddleware:
         except FieldError as error:
             await _bad_request(send, error.field, str(error))
             return
+        except Exception:  # a fault here must never fail the request: vLLM gets it as sent
+            logger.exception("kvtether: request fields not moved")
+            rewritten = None
         if rewritten is None:
             await self.app(scope, _replay(messages, receive), send)
             return

@@ -153,6 +153,8 @@ async def test_a_request_with_nothing_to_move_passes_byte_for_byte(
     ({"retention_directives": [{"start": 0, "end": 100, "priority": 30},
                                {"start": 100, "end": 200, "priority": 80}]},
      "retention_directives", "priority rises to 80"),
+    ({"retention_directives": [{"start": 0, "priority": 30, "duration": 10**400}]},
+     "retention_directives[0].duration", "too large"),
     ({"retention_directives": [{"begin": 0, "priority": 30}]},
      "retention_directives[0].begin", "unknown field"),
     ({"retention_directives": [{"priority": 50}] * 17}, "retention_directives",
@@ -211,3 +213,14 @@ async def test_a_disabled_plugin_lets_every_request_pass(monkeypatch: pytest.Mon
     async with httpx.AsyncClient(transport=transport, base_url="http://vllm") as client:
         answer = await client.post("/v1/chat/completions", json={**CHAT, "is_last_step": "?"})
     assert answer.status_code == 200 and answer.json()["vllm_xargs"] is None
+
+
+async def test_a_fault_in_the_middleware_never_fails_the_request(
+        api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(value: object) -> list[dict[str, Any]]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("vllm_plugin.http.check_directives", broken)
+    body = json.dumps({**CHAT, "retention_directives": [{"priority": 70}]})
+    answer = await api.post("/v1/chat/completions", content=body)
+    assert answer.status_code == 200 and answer.json()["raw"] == body
