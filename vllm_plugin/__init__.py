@@ -3,6 +3,11 @@ applies its decisions. Select it with::
 
     --scheduler-cls vllm_plugin.scheduler.KvtetherScheduler --scheduling-policy priority
 
+and, in the API server, the request fields of other clients (Continuum's, the vLLM
+retention API's) carried to it with::
+
+    --middleware vllm_plugin.http.ClientFieldsMiddleware
+
 Settings come from ``KVTETHER_PLUGIN_*`` environment variables (see
 ``vllm_plugin.settings``). Importing this package imports nothing heavy: vLLM's
 modules load only with ``vllm_plugin.scheduler``.
@@ -11,6 +16,7 @@ modules load only with ``vllm_plugin.scheduler``.
 from __future__ import annotations
 
 SCHEDULER_CLS = "vllm_plugin.scheduler.KvtetherScheduler"
+MIDDLEWARE = "vllm_plugin.http.ClientFieldsMiddleware"
 
 
 def register() -> None:

@@ -2,7 +2,8 @@
 what the plugin reads off a request at its end (finish reason, the tool it called).
 
 Sources, first wins: ``sampling_params.extra_args`` (the OpenAI API's
-``extra_body={"vllm_xargs": {...}}``; booleans arrive as 0/1), then vLLM's
+``extra_body={"vllm_xargs": {...}}``, where ``vllm_plugin.http`` also moves the same
+fields sent at the top level of the body; booleans arrive as 0/1), then vLLM's
 ``session_id`` (the ``session_id`` field / ``X-Session-ID`` header) as the job id.
 A request with none is a job of its own. A malformed field never fails the request:
 it is ignored with one warning naming it.

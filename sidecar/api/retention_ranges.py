@@ -307,5 +307,8 @@ def from_request_directives(items: Sequence[Mapping[str, Any]]) -> pb.RetentionC
             duration = fields["duration_s"]
             if isinstance(duration, bool) or not isinstance(duration, int | float):
                 raise DirectiveError(f"{where}.duration", f"expected seconds, got {duration!r}")
-            token_range.duration_s = float(duration)
+            try:
+                token_range.duration_s = float(duration)
+            except OverflowError:  # an integer beyond any float
+                raise DirectiveError(f"{where}.duration", "too large") from None
     return config

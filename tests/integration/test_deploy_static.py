@@ -599,7 +599,15 @@ def test_compose_and_kubernetes_run_the_same_policy(tmp_path: Path) -> None:
         f"the ConfigMap runs {in_k8s}, deploy/config/kvtether.yaml runs {in_compose}")
 
 
-# --- the plugin's scheduler class ----------------------------------------------------
+# --- the plugin's scheduler class and API-server middleware --------------------------
+
+def test_every_deployment_carries_other_clients_fields_to_the_plugin() -> None:
+    args = [service(v, "vllm")["command"] for v in COMPOSE_FILES] + [vllm_container()["args"]]
+    named = {flag_value(engine_args, "--middleware") for engine_args in args}
+    assert named == {vllm_plugin.MIDDLEWARE}, f"--middleware values {named}"
+    module_name, _, attribute = vllm_plugin.MIDDLEWARE.rpartition(".")
+    assert callable(getattr(importlib.import_module(module_name), attribute))
+
 
 def test_scheduler_class_named_everywhere_exists() -> None:
     named = {flag_value(service(v, "vllm")["command"], "--scheduler-cls")

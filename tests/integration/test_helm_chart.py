@@ -225,6 +225,7 @@ def test_pod_runs_the_daemon_as_a_native_sidecar_on_a_shared_socket(name: str,
     assert volumes[0] == volumes[1] and "emptyDir" in volumes[0]
     assert flag_value(engine["args"], "--scheduler-cls") == vllm_plugin.SCHEDULER_CLS
     assert flag_value(engine["args"], "--scheduling-policy") == "priority"
+    assert flag_value(engine["args"], "--middleware") == vllm_plugin.MIDDLEWARE
     grpc_port = int((flag_value(daemon["args"], "--listen") or "").rpartition(":")[2])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         if name == "tls-and-tokens":

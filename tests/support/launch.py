@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_plugin import SCHEDULER_CLS
+from vllm_plugin import MIDDLEWARE, SCHEDULER_CLS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ class EngineSpec:
             "--scheduling-policy", "priority",
         ]
         if self.with_plugin:
-            command += ["--scheduler-cls", SCHEDULER_CLS]
+            command += ["--scheduler-cls", SCHEDULER_CLS, "--middleware", MIDDLEWARE]
         return command + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -170,6 +170,7 @@ def test_request_directives_in_the_prs_shape() -> None:
          "retention_directives[1].duration"),
         ([{"priority": 50, "ttl": 3}], "retention_directives[0].ttl"),
         ([{"priority": True}], "retention_directives[0].priority"),
+        ([{"priority": 50, "duration": 10**400}], "retention_directives[0].duration"),
     ],
 )
 def test_malformed_request_directives_name_the_field(items: list[dict[str, object]],
