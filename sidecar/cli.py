@@ -139,7 +139,7 @@ def _naming_the_flag(error: ConfigError, args: argparse.Namespace) -> str:
     message = str(error)
     for flag, path in SERVE_FLAG_SETTINGS.items():
         if path == error.setting and _flag_value(args, flag) is not None:
-            return f"{flag}: {message.removeprefix(f'{path}: ')}"
+            return f"{flag} ({path}): {message.removeprefix(f'{path}: ')}"
     return message
 
 

@@ -122,7 +122,7 @@ def test_a_bad_log_format_is_one_line_naming_the_flag(capsys: pytest.CaptureFixt
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["serve", "--log-format", "xml", "--check"]) == 2
     assert capsys.readouterr().err == \
-        "kvtether: error: --log-format: expected json or console, got 'xml'\n"
+        "kvtether: error: --log-format (log_format): expected json or console, got 'xml'\n"
     # Set elsewhere, the error names the setting the operator wrote.
     monkeypatch.setenv("KVTETHER_LOG_FORMAT", "yaml")
     assert main(["serve", "--check"]) == 2
