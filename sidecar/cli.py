@@ -1,6 +1,7 @@
 """``kvtether``: run the daemon and inspect it.
 
-    kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...] ...
+    kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...]
+                   [--log-format json|console] ...
     kvtether inspect [--address HOST:PORT] policy|jobs|job ID|pins|tools|explain ID|watch
     kvtether policies
     kvtether --version
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar import __version__
 
 if TYPE_CHECKING:
-    from sidecar.config import DaemonConfig
+    from sidecar.config import ConfigError, DaemonConfig
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help="redis://host:port/db (default: embedded store)")
     serve.add_argument("--grace-s", type=float, help="seconds in-flight calls get on SIGTERM")
     serve.add_argument("--log-level", help="debug, info, warning or error")
+    serve.add_argument("--log-format", help="json (one object a line) or console")
     serve.add_argument("--check", action="store_true",
                        help="validate the configuration and the policy, then exit")
 
@@ -99,6 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The setting each `serve` flag sets (sidecar/config.py), besides --param.
+SERVE_FLAG_SETTINGS = {
+    "--policy": "policy.name", "--listen": "listen.tcp", "--unix-socket": "listen.unix_socket",
+    "--metrics-port": "metrics.port", "--metrics-host": "metrics.host",
+    "--redis-url": "store.redis_url", "--grace-s": "grace_s", "--log-level": "log_level",
+    "--log-format": "log_format",
+}
+
+
+def _flag_value(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag.removeprefix("--").replace("-", "_"))
+
+
 def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
     flags: dict[str, Any] = {}
 
@@ -111,17 +126,21 @@ def _serve_flags(args: argparse.Namespace) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[leaf] = value
 
-    put("policy.name", args.policy)
+    for flag, path in SERVE_FLAG_SETTINGS.items():
+        put(path, _flag_value(args, flag))
     if args.param:
         put("policy.params", {key: _scalar(value) for key, value in args.param})
-    put("listen.tcp", args.listen)
-    put("listen.unix_socket", args.unix_socket)
-    put("metrics.port", args.metrics_port)
-    put("metrics.host", args.metrics_host)
-    put("store.redis_url", args.redis_url)
-    put("grace_s", args.grace_s)
-    put("log_level", args.log_level)
     return flags
+
+
+def _naming_the_flag(error: ConfigError, args: argparse.Namespace) -> str:
+    """The error's message, naming the flag when a flag gave the faulty value (flags
+    win over the file and the environment)."""
+    message = str(error)
+    for flag, path in SERVE_FLAG_SETTINGS.items():
+        if path == error.setting and _flag_value(args, flag) is not None:
+            return f"{flag} ({path}): {message.removeprefix(f'{path}: ')}"
+    return message
 
 
 def parse_serve_config(argv: Sequence[str], config_path: Path | None = None) -> DaemonConfig:
@@ -148,12 +167,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, _serve_flags(args))
         build_policy(config.policy.name, config.policy.params)
-    except (ConfigError, PolicyConfigError) as error:
+    except ConfigError as error:
+        return _fail(_naming_the_flag(error, args))
+    except PolicyConfigError as error:
         return _fail(str(error))
     if args.check:
         print(f"configuration ok: policy {config.policy.name}")
         return 0
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     from sidecar.server.app import serve
 
     try:

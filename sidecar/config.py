@@ -36,7 +36,12 @@ ENV_PREFIX = "KVTETHER_"
 
 
 class ConfigError(ValueError):
-    """Bad configuration; the message is one line naming the problem."""
+    """Bad configuration; the message is one line naming the problem. ``setting`` is
+    the dotted key at fault (``log_format``, ``metrics.port``), when one is."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class _Section(BaseModel):
@@ -245,6 +250,9 @@ class DaemonConfig(BaseSettings):
     # SIGTERM: health flips to NOT_SERVING, then in-flight calls get this long to finish.
     grace_s: float = Field(5.0, ge=0)
     log_level: str = "info"
+    # "json": one JSON object a line, for log shippers; "console": key=value text, for
+    # a person at a terminal.
+    log_format: str = "json"
     # Most jobs tracked in memory; the least recently active are forgotten first.
     max_jobs_tracked: int = Field(100_000, ge=1)
     # An engine with no open session that has neither reported nor left for this long
@@ -258,6 +266,13 @@ class DaemonConfig(BaseSettings):
     def _level(cls, value: str) -> str:
         if value.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError(f"expected debug, info, warning or error, got {value!r}")
+        return value.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.lower() not in {"json", "console"}:
+            raise ValueError(f"expected json or console, got {value!r}")
         return value.lower()
 
 
@@ -280,13 +295,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError) -> ConfigError:
     first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "config"
+    where = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown setting"
-    return f"{where}: {message}"
+    return ConfigError(f"{where or 'config'}: {message}", where)
 
 
 def load_config(path: Path | None = None, flags: Mapping[str, Any] | None = None) -> DaemonConfig:
@@ -318,7 +333,7 @@ def load_config(path: Path | None = None, flags: Mapping[str, Any] | None = None
     try:
         return _Loaded(**dict(flags or {}))
     except ValidationError as error:
-        raise ConfigError(_describe(error)) from error
+        raise _describe(error) from error
     except SettingsError as error:
         raise ConfigError(f"environment: {error}") from error
 

@@ -56,6 +56,7 @@ from benchmarks.common.engine_runs import (
     median_answer_lag_steps,
     saturated_at,
 )
+from benchmarks.common.progress import Progress
 from benchmarks.common.results import write_result
 from benchmarks.engine.prefill_share import PrefillShareSampler
 from benchmarks.engine.ttft import distribution, engine_timings_s, mean_or_none
@@ -94,7 +95,7 @@ def round_seeds(seed: int, rounds: int, vary: bool) -> list[int]:
     return [seed + index if vary else seed for index in range(rounds)]
 
 
-def run_policy(api: Any, base_url: str, workload: Any, progress: Any) -> dict[str, Any]:
+def run_policy(api: Any, base_url: str, workload: Any, progress: Progress) -> dict[str, Any]:
     """Every job of ``workload`` (already ``scaled`` to this engine) as a client thread:
     each turn a request whose prompt is the job's tokens so far, then its tool's sleep."""
     from tests.support.client import job_xargs
@@ -600,7 +601,6 @@ def main() -> int:
                      "it needs --daemon-session own")
     sys.path.insert(0, str(ROOT))
     import openai
-    from tqdm import tqdm
 
     from benchmarks.twin.workload import generate, scaled
     from tests.support.daemon import DaemonController
@@ -664,9 +664,10 @@ def main() -> int:
                 queue_waits = RunQueueWait(process.pid)
                 share = PrefillShareSampler(partial(daemon_gauges, metrics_url))
                 share.start()
-                with tqdm(total=round_turns, desc=f"{policy:<12} {round_index + 1}/{args.rounds}",
-                          unit="turn") as progress:
+                with Progress(f"engine {policy} round {round_index + 1}/{args.rounds}",
+                              total=round_turns, unit="turn") as progress:
                     run = run_policy(api, base_url, workload, progress)
+                    progress.round_done(f"average job {run['avg_job_duration_s']:.1f} s")
                 runs[policy].append({**run, **load.delta(), "seed": seed,
                                      "prefill_share": share.finish(saturated_at(policy)),
                                      "engine_cpu_s": engine_cpu.delta(),

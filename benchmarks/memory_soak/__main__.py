@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from benchmarks.churn.__main__ import KV, daemon, run_engine
+from benchmarks.common.progress import Progress
 from benchmarks.common.results import write_result
 from sidecar.api.v1 import engine_session_pb2 as pb
 
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cycles} cycles of {args.cycle_s:g} s: {args.engines} engines with "
               f"{args.live_requests} live requests and {jobs_per_engine} one-request jobs "
               f"each", flush=True)
+        cycles_done = Progress("memory soak", total=cycles, unit="cycle")
         for cycle in range(cycles):
             cycle_end_s = sampler.started_s + (cycle + 1) * args.cycle_s
             for index in range(args.engines):
@@ -175,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 time.sleep(-behind_s)
             last = sampler.samples[-1] if sampler.samples else None
+            cycles_done.round_done(f"{progress['engines']} engines, "
+                                   f"{progress['one_request_jobs']} one-request jobs"
+                                   + (f", RSS {last['rss_mib']:.1f} MiB" if last else ""),
+                                   advance=1)
             if last is not None and (cycle + 1) % max(1, cycles // 10) == 0:
                 print(f"{last['t_s']:>7.0f} s  engines {progress['engines']:>5}  one-request "
                       f"jobs {progress['one_request_jobs']:>7}  RSS {last['rss_mib']:.1f} MiB",
                       flush=True)
+        cycles_done.close()
         sampler.stop()
     summary = summarize(sampler.samples, args.warmup_s, args.tolerance)
     print(f"RSS {summary['start_rss_mib']:.1f} MiB at start, "

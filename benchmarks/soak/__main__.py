@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 import redis
 
+from benchmarks.common.progress import Progress
 from benchmarks.common.results import write_result
 from benchmarks.common.stats import percentile
 from benchmarks.soak.engines import run_engine
@@ -106,6 +107,47 @@ class Orchestrator(threading.Thread):
                 time.sleep(max(0.0, origin + self.calls / self.per_s - time.monotonic()))
 
 
+class MinuteProgress(threading.Thread):
+    """The soak's progress (benchmarks/common/progress.py): a bar over its minutes on a
+    terminal, else a line a minute, each with the daemon's latest figures."""
+
+    def __init__(self, minutes: float, monitor: Monitor) -> None:
+        super().__init__(name="soak-progress", daemon=True)
+        self.minutes, self.monitor = minutes, monitor
+        self.progress = Progress("soak", total=minutes, unit="min")
+        self.finished = threading.Event()
+
+    def _figures(self) -> str:
+        samples = [s for s in self.monitor.samples[-2:] if "step_reports" in s.get("metrics", {})]
+        figures = []
+        if len(samples) == 2 and samples[1]["t_s"] > samples[0]["t_s"]:
+            reports = samples[1]["metrics"]["step_reports"] - samples[0]["metrics"]["step_reports"]
+            figures.append(f"{reports / (samples[1]['t_s'] - samples[0]['t_s']):.0f} reports/s")
+        if self.monitor.samples:
+            figures.append(f"daemon RSS {self.monitor.samples[-1]['daemon_rss_bytes'] / 2**20:.0f}"
+                           " MiB")
+        return ", ".join(figures)
+
+    def run(self) -> None:
+        started_s, reported_min = time.monotonic(), 0.0
+        while True:
+            finished = self.finished.wait(1.0)
+            elapsed_min = min((time.monotonic() - started_s) / 60.0, self.minutes)
+            self.progress.update(elapsed_min - self.progress.done)
+            # A line each minute, and one at the end (the engines may finish a little
+            # before this clock, or fail early).
+            if int(elapsed_min) > int(reported_min) or (finished and elapsed_min > reported_min):
+                reported_min = elapsed_min
+                self.progress.round_done(self._figures())
+            if finished or elapsed_min >= self.minutes:
+                break
+        self.progress.close()
+
+    def stop(self) -> None:
+        self.finished.set()
+        self.join(timeout=5)
+
+
 def _memory_per_key(client: redis.Redis, pattern: str, limit: int = 300) -> dict[str, Any]:
     found = [key for _, key in zip(range(limit), client.scan_iter(match=pattern, count=1000),
                                    strict=False)]
@@ -176,6 +218,8 @@ def main() -> int:
         orchestrator.start()
         print(f"soak: {args.engines} engines x {args.steps_per_s:g} steps/s for "
               f"{args.minutes:g} min, daemon {address}, Redis {redis_url}", file=sys.stderr)
+        minutes = MinuteProgress(args.minutes, monitor)
+        minutes.start()
         results = []
         collect_until = time.time() + duration_s + 120
         for _ in processes:
@@ -184,6 +228,7 @@ def main() -> int:
             except queue.Empty:
                 break  # counted below as engines that never reported
             print(f"  engine {results[-1]['engine_id']} done", file=sys.stderr)
+        minutes.stop()
         for process in processes:
             process.join(timeout=30)
             if process.is_alive():

@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.progress import Progress
 from benchmarks.common.results import describe_machine, provenance, write_json, write_result
 from benchmarks.twin import workload as wl
 from benchmarks.twin.calibration import calibrate_once
@@ -94,24 +95,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     timings: dict[str, float] = (json.loads(timings_path.read_text())
                                  if timings_path.exists() else {})
     command = "python -m benchmarks.twin " + " ".join(sys.argv[1:])
-    for blocks in blocks_list:
-        for jps in jps_list:
-            workload = make_workload(args.kind, jps, args.seed, duration_s, None,
-                                     args.answer_agreement)
-            for policy in args.policies:
-                path = _point_path(out_dir, label, blocks, policy, jps)
-                if path.exists() and not args.force:
-                    continue
-                started = time.perf_counter()
-                summary, _ = run_point(workload, policy, jps, blocks, efficiency,
-                                       progress=args.progress)
-                elapsed = time.perf_counter() - started
-                write_json(path, summary, compact=True)
-                timings[f"blocks{blocks}/{policy}-{jps:g}jps"] = round(elapsed, 1)
-                write_json(timings_path, timings)
-                print(f"{label} blocks={blocks} {policy:12s} {jps:5g} jps: avg "
-                      f"{summary['avg_duration_s']} s, hit {summary['prefix_cache_hit_rate']}, "
-                      f"preemptions {summary['preemptions']}  ({elapsed:.0f} s)", flush=True)
+    # Points already written are kept (unless --force): the progress counts the others.
+    todo = [(blocks, jps, policy) for blocks in blocks_list for jps in jps_list
+            for policy in args.policies
+            if args.force or not _point_path(out_dir, label, blocks, policy, jps).exists()]
+    workload, workload_key = None, None
+    with Progress(f"twin sweep {label}", total=len(todo), unit="point") as progress:
+        for blocks, jps, policy in todo:
+            if workload is None or workload_key != (blocks, jps):
+                workload = make_workload(args.kind, jps, args.seed, duration_s, None,
+                                         args.answer_agreement)
+                workload_key = (blocks, jps)
+            started = time.perf_counter()
+            summary, _ = run_point(workload, policy, jps, blocks, efficiency,
+                                   progress=args.progress)
+            elapsed = time.perf_counter() - started
+            write_json(_point_path(out_dir, label, blocks, policy, jps), summary, compact=True)
+            timings[f"blocks{blocks}/{policy}-{jps:g}jps"] = round(elapsed, 1)
+            write_json(timings_path, timings)
+            progress.round_done(
+                f"blocks={blocks} {policy} {jps:g} jps: avg {summary['avg_duration_s']} s, "
+                f"hit {summary['prefix_cache_hit_rate']}, preemptions "
+                f"{summary['preemptions']} ({elapsed:.0f} s)", advance=1)
     meta_path = out_dir / "points" / label / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"runs": []}
     meta.update({"label": label, "kind": args.kind, "answer_agreement": args.answer_agreement,

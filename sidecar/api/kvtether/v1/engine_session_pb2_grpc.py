@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class EngineSessionStub(object):
-    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    """The step exchange between a vLLM engine's plugin and the daemon.
+    With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.
     """
@@ -50,7 +51,8 @@ class EngineSessionStub(object):
 
 
 class EngineSessionServicer(object):
-    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    """The step exchange between a vLLM engine's plugin and the daemon.
+    With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.
     """
@@ -96,7 +98,8 @@ def add_EngineSessionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EngineSession(object):
-    """With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
+    """The step exchange between a vLLM engine's plugin and the daemon.
+    With auth tokens configured, both calls need metadata "authorization: Bearer <token>"
     of a scope listed in auth.engine_scopes: UNAUTHENTICATED without a valid token,
     PERMISSION_DENIED for another scope's.
     """

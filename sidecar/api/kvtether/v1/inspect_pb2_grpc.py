@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class InspectStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Read-only views of the daemon's policy and state, for operators and dashboards.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -72,7 +73,8 @@ class InspectStub(object):
 
 
 class InspectServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Read-only views of the daemon's policy and state, for operators and dashboards.
+    """
 
     def GetPolicy(self, request, context):
         """The active policy and its effective parameters.
@@ -122,6 +124,7 @@ class InspectServicer(object):
         at once (64 by default); beyond: RESOURCE_EXHAUSTED. A watcher that falls more
         than 1024 decisions behind is dropped: its stream ends with RESOURCE_EXHAUSTED
         after the decisions it was sent. Decisions are never held back for a watcher.
+        Each message is a DecisionRecord, the record GetJob and Explain answer.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,7 +177,8 @@ def add_InspectServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Inspect(object):
-    """Missing associated documentation comment in .proto file."""
+    """Read-only views of the daemon's policy and state, for operators and dashboards.
+    """
 
     @staticmethod
     def GetPolicy(request,

@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class RetentionStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Retention directives per job or session, and tool-call announcements. Calls are
+    rate-limited per token scope, per client address without auth tokens
+    (limits.retention_calls_per_s; beyond: RESOURCE_EXHAUSTED).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +60,10 @@ class RetentionStub(object):
 
 
 class RetentionServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Retention directives per job or session, and tool-call announcements. Calls are
+    rate-limited per token scope, per client address without auth tokens
+    (limits.retention_calls_per_s; beyond: RESOURCE_EXHAUSTED).
+    """
 
     def SetDirectives(self, request, context):
         """Set (or raise) the directives of a job or session.
@@ -119,7 +125,10 @@ def add_RetentionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Retention(object):
-    """Missing associated documentation comment in .proto file."""
+    """Retention directives per job or session, and tool-call announcements. Calls are
+    rate-limited per token scope, per client address without auth tokens
+    (limits.retention_calls_per_s; beyond: RESOURCE_EXHAUSTED).
+    """
 
     @staticmethod
     def SetDirectives(request,
