@@ -350,7 +350,7 @@ class DaemonLoad:
                 "decision_mean_s": (grew("kvtether_decision_latency_seconds_sum") / decided
                                     if decided else None),
                 # The engine's own count, sent with its reports (a gauge on the daemon).
-                # Unknown unless the daemon had it when the run began (_resync): else
+                # Unknown unless the daemon had it when the run began (resync): else
                 # the difference would be all the engine counted since it started.
                 "fallback_steps": grew(ENGINE_COUNTER) if ENGINE_COUNTER in before else None,
                 # The decisions the engine applied, by steps after their report (1: the
@@ -468,7 +468,7 @@ def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float
     def median_s(prompt_tokens: int, output_tokens: int, tag: str) -> float:
         timings = []
         for index in range(repeats):
-            _reset_prefix_cache(base_url)
+            reset_prefix_cache(base_url)
             prompt = _tokens(f"measure:{tag}:{index}", prompt_tokens)
             started = time.perf_counter()
             api.completions.create(model="tiny", prompt=prompt, max_tokens=output_tokens,
@@ -501,7 +501,7 @@ def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
             if key in fields and value > 0.0] + overrides
 
 
-def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
+def resync(api: Any, metrics_url: str, tries: int = 40) -> None:
     """Step the engine until the new daemon has heard from it: the link reconnects
     with a backoff, and an idle engine reports nothing, so a single request may run
     before it is back (vLLM's scheduling) and leave the daemon without the engine's
@@ -516,7 +516,7 @@ def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
           file=sys.stderr)
 
 
-def _reset_prefix_cache(base_url: str) -> None:
+def reset_prefix_cache(base_url: str) -> None:
     request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
@@ -640,9 +640,9 @@ def main() -> int:
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
                 daemon.start(policy.split("@")[0], *policy_params(policy, measured))
-                _reset_prefix_cache(base_url)
+                reset_prefix_cache(base_url)
                 metrics_url = f"http://127.0.0.1:{daemon_metrics_port}"
-                _resync(api, metrics_url)
+                resync(api, metrics_url)
                 assert daemon.process is not None
                 load = DaemonLoad(daemon.process.pid, metrics_url)
                 engine_cpu = ProcessCpu(process.pid)
