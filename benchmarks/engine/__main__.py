@@ -559,7 +559,9 @@ def main() -> int:
     parser.add_argument("--max-output", type=int, default=48)
     parser.add_argument("--blocks", type=int, default=24, help="KV blocks of 128 tokens")
     parser.add_argument("--policies", default="fcfs,continuum,contextserve",
-                        help="comma-separated; NAME@KEY=VALUE runs NAME with a parameter set")
+                        help="comma-separated registered names (fcfs, continuum, "
+                             "contextserve, adaptive, llmd-ttl); NAME@KEY=VALUE runs NAME "
+                             "with a parameter set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every policy this many times, order rotated each round")
