@@ -366,7 +366,7 @@ class DaemonLoad:
                 "decision_mean_s": (grew("kvtether_decision_latency_seconds_sum") / decided
                                     if decided else None),
                 # The engine's own count, sent with its reports. Unknown unless the
-                # daemon had it when the run began (_resync): else the difference
+                # daemon had it when the run began (resync): else the difference
                 # would be all the engine counted since it started.
                 "fallback_steps": grew(ENGINE_COUNTER) if ENGINE_COUNTER in before else None,
                 # The decisions the engine applied, by steps after their report (1: the
@@ -484,7 +484,7 @@ def measure_engine(api: Any, base_url: str, repeats: int = 7) -> dict[str, float
     def median_s(prompt_tokens: int, output_tokens: int, tag: str) -> float:
         timings = []
         for index in range(repeats):
-            _reset_prefix_cache(base_url)
+            reset_prefix_cache(base_url)
             prompt = _tokens(f"measure:{tag}:{index}", prompt_tokens)
             started = time.perf_counter()
             api.completions.create(model="tiny", prompt=prompt, max_tokens=output_tokens,
@@ -517,7 +517,7 @@ def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
             if key in fields and value > 0.0] + overrides
 
 
-def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
+def resync(api: Any, metrics_url: str, tries: int = 40) -> None:
     """Step the engine until the new daemon has heard from it: the link reconnects
     with a backoff, and an idle engine reports nothing, so a single request may run
     before it is back (vLLM's scheduling) and leave the daemon without the engine's
@@ -532,7 +532,7 @@ def _resync(api: Any, metrics_url: str, tries: int = 40) -> None:
           file=sys.stderr)
 
 
-def _reset_prefix_cache(base_url: str) -> None:
+def reset_prefix_cache(base_url: str) -> None:
     request = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
@@ -575,7 +575,9 @@ def main() -> int:
     parser.add_argument("--max-output", type=int, default=48)
     parser.add_argument("--blocks", type=int, default=24, help="KV blocks of 128 tokens")
     parser.add_argument("--policies", default="fcfs,continuum,contextserve",
-                        help="comma-separated; NAME@KEY=VALUE runs NAME with a parameter set")
+                        help="comma-separated registered names (fcfs, continuum, "
+                             "contextserve, adaptive, llmd-ttl); NAME@KEY=VALUE runs NAME "
+                             "with a parameter set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every policy this many times, order rotated each round")
@@ -655,9 +657,9 @@ def main() -> int:
             shift = round_index % len(policies)
             for policy in policies[shift:] + policies[:shift]:
                 daemon.start(policy.split("@")[0], *policy_params(policy, measured))
-                _reset_prefix_cache(base_url)
+                reset_prefix_cache(base_url)
                 metrics_url = f"http://127.0.0.1:{daemon_metrics_port}"
-                _resync(api, metrics_url)
+                resync(api, metrics_url)
                 assert daemon.process is not None
                 load = DaemonLoad(daemon.process.pid, metrics_url)
                 engine_cpu = ProcessCpu(process.pid)

@@ -21,7 +21,7 @@ from benchmarks.twin.steptime import LLAMA_31_8B, RTX_5090, Efficiency, StepTime
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "twin"
-SWEEP_POLICIES = ("fcfs", "continuum", "contextserve", "adaptive")
+SWEEP_POLICIES = ("fcfs", "continuum", "contextserve", "adaptive", "llmd-ttl")
 SWEEP_JPS = (1.0, 2.0, 4.0, 8.0, 12.0)
 SWEEP_BLOCKS = (5402, 3000, 9000, 13000)
 # --quick: CI scale, a few seconds a point.

@@ -87,6 +87,7 @@ STYLE: dict[str, dict[str, Any]] = {
     "continuum": {"color": "tab:orange", "marker": "o"},
     "contextserve": {"color": "tab:blue", "marker": "s"},
     "adaptive": {"color": "tab:red", "marker": "D"},
+    "llmd-ttl": {"color": "tab:purple", "marker": "^"},
 }
 ORDER = ("fcfs", "native", "continuum", "contextserve")
 

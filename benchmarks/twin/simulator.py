@@ -31,7 +31,7 @@ from benchmarks.twin.steptime import StepTimeModel, shape_of
 from benchmarks.twin.workload import STOP_TOKEN_ID, Workload, job_tokens
 
 MODEL_DIR = Path(__file__).resolve().parent / "model" / "llama-3.1-8b"
-POLICIES = ("native", "fcfs", "continuum", "contextserve", "adaptive")
+POLICIES = ("native", "fcfs", "continuum", "contextserve", "adaptive", "llmd-ttl")
 NO_FRONT_END = FrontEnd()  # a request reaches the scheduler when it is sent
 _hash_ready = False  # vLLM's block-hash seed, set once per process
 

@@ -109,6 +109,14 @@ def _arrival_key(request: RequestView) -> tuple[float, str]:
     return (request.arrival_s, request.request_id)
 
 
+def has_no_job(request: RequestView) -> bool:
+    """Whether a request was sent with no job id and no session: a job of one turn
+    (the runtime gives it its own request id as job id, ``sidecar.jobs.effective_job_id``).
+    No turn follows it, so nothing of it is worth keeping for its job: its context is
+    left at vLLM's own order unless a directive asks (docs/decisions/022)."""
+    return request.job_id == request.request_id
+
+
 def superseded_pins(finished: FinishInput) -> tuple[str, ...]:
     """Pins of the finished request's job other than its own: a job's new finish
     replaces its older pin (Continuum's ``_free_blocks`` step 1). With concurrent

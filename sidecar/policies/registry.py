@@ -23,6 +23,7 @@ from sidecar.policies.base import PolicyParams
 from sidecar.policies.contextserve.policy import ContextServeParams, ContextServePolicy
 from sidecar.policies.continuum.policy import ContinuumParams, ContinuumPolicy
 from sidecar.policies.fcfs.policy import FcfsParams, FcfsPolicy
+from sidecar.policies.llmd_ttl.policy import LlmdTtlParams, LlmdTtlPolicy
 
 
 class PolicyConfigError(ValueError):
@@ -58,6 +59,13 @@ _SPECS = (
         AdaptivePolicy,
         "pins and admissions valued every step (tool time given elapsed, memory "
         "pressure, recompute cost); bounded waiting",
+    ),
+    PolicySpec(
+        "llmd-ttl",
+        LlmdTtlParams,
+        LlmdTtlPolicy,
+        "llm-d's retention baseline: every job's turn cached at priority 70 for the "
+        "0.9 quantile of a log-normal fit of inter-turn gaps; vLLM's order, no pins",
     ),
 )
 _REGISTRY: dict[str, PolicySpec] = {spec.name: spec for spec in _SPECS}

@@ -34,6 +34,7 @@ def test_each_policy_gets_only_the_constants_it_declares() -> None:
     assert _as_dict(policy_params("adaptive", MEASURED)) == {"prefill_s_per_token": "2.7e-05"}
     assert _as_dict(policy_params("continuum", MEASURED)) == {"prefill_s_per_token": "2.7e-05"}
     assert policy_params("fcfs", MEASURED) == []
+    assert policy_params("llmd-ttl", MEASURED) == []
 
 
 def test_the_daemon_accepts_them_and_they_replace_the_gpu_defaults() -> None:

@@ -122,10 +122,13 @@ class StepBuilder:
         self._pins.append(PinView(request_id, job, blocks, pinned_at, expires, tool))
         return self
 
-    def job(self, job_id: str, first_arrival: float, turns: int = 0) -> StepBuilder:
+    def job(self, job_id: str, first_arrival: float, turns: int = 0,
+            departed: float | None = None) -> StepBuilder:
         """An explicit JobView (as the tracker would send); without one, policies fall
-        back to the earliest arrival of the job's requests in the step."""
-        self._jobs[job_id] = JobView(job_id, first_arrival, turns_finished=turns)
+        back to the earliest arrival of the job's requests in the step. ``departed``:
+        when its latest turn finished."""
+        self._jobs[job_id] = JobView(job_id, first_arrival, turns_finished=turns,
+                                     last_departure_s=departed)
         return self
 
     def times(self, tool: str, samples_s: Iterable[float]) -> StepBuilder:

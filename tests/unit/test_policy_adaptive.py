@@ -918,3 +918,24 @@ def test_the_wait_follows_the_recent_finishes_only() -> None:
     for pinned in range(1, WINDOW_FINISHES // 2 + 1):
         share.record(True)
         assert share.caches() is (pinned < WINDOW_FINISHES // 2), pinned
+
+
+# --- one-shot traffic (docs/decisions/022) -------------------------------------------
+
+
+def test_a_request_with_no_job_is_released_and_a_jobs_turn_is_kept(adaptive: Policy) -> None:
+    """Three tool gaps of about a second measured so far (the cold start): a job's turn
+    is kept for its next turn, a request with no job is left to vLLM's order, where
+    its cold-start P(back) would once have cached it at the top priority."""
+    gaps_s = [0.9, 1.0, 1.1]
+    s = (step(now=20.0, total_blocks=32, free_blocks=12, block_size=128).times("ls", gaps_s)
+         .running("agent-2", job="agent", arrive=18.0, prompt=640)
+         .running("once", job=None, arrive=19.0, prompt=450))
+    once = adaptive.on_finish(s.finish("once", tool="ls", samples_s=gaps_s,
+                                       global_samples_s=gaps_s, blocks=4))
+    assert once.action is RetainAction.RELEASE and once.retention_priority is None
+    assert "no job id" in once.reason
+    turn = adaptive.on_finish(s.finish("agent-2", tool="ls", samples_s=gaps_s,
+                                       global_samples_s=gaps_s, blocks=5))
+    assert turn.action is RetainAction.PIN or (
+        turn.action is RetainAction.SOFT_RETAIN and (turn.retention_priority or 0) > 35)

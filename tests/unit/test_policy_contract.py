@@ -182,3 +182,18 @@ def test_requests_without_a_job_and_concurrent_requests_of_one_job(name: str) ->
                                             tool="ls"), "r-2"))
     assert first.release_pins == ("e-old",)
     assert set(second.release_pins) == {"e-old", "r-1"}, "at most one pin per job survives"
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("scenario", ["memory short", "memory idle", "stalled"])
+def test_a_request_with_no_job_is_left_to_vllms_order(name: str, scenario: str) -> None:
+    """One-shot traffic is one-shot (docs/decisions/022): a request sent with no job id
+    and no session has no next turn, so whatever tool its answer names and whatever
+    the tools' measured times say, no policy pins it or caches it above vLLM's own
+    priority (35), where it would outrank a client's directive."""
+    policy = build_policy(name, {})
+    s = SCENARIOS[scenario]().running("once", job=None, arrive=19.0, prompt=450)
+    for tool in ("ls", "make", None):
+        decision = policy.on_finish(_finish(s, "once", tool))
+        assert decision.action is not RetainAction.PIN and decision.ttl_s == 0.0, tool
+        assert decision.retention_priority is None, (tool, decision.reason)

@@ -17,10 +17,12 @@ from sidecar.policies.registry import (
 
 
 def test_registered_policies() -> None:
-    assert available_policies() == ("fcfs", "continuum", "contextserve", "adaptive")
+    assert available_policies() == ("fcfs", "continuum", "contextserve", "adaptive",
+                                    "llmd-ttl")
 
 
-@pytest.mark.parametrize("name", ["fcfs", "continuum", "contextserve", "adaptive"])
+@pytest.mark.parametrize("name", ["fcfs", "continuum", "contextserve", "adaptive",
+                                  "llmd-ttl"])
 def test_every_policy_builds_with_defaults_and_implements_every_hook(name: str) -> None:
     policy = build_policy(name, {})
     # Every hook of the contract, callable as the runtime calls it: the same
@@ -66,6 +68,9 @@ def test_unknown_policy_lists_the_known_ones() -> None:
         ("contextserve", {"uncertain_quantile": 1.0}, "uncertain_quantile"),
         ("contextserve", {"prior_alpha": 0}, "prior_alpha"),
         ("contextserve", {"fast_commands": ["  "]}, "fast_commands"),
+        ("llmd-ttl", {"quantile": 1.0}, "quantile"),
+        ("llmd-ttl", {"min_retention_s": 700}, "min_retention_s"),
+        ("llmd-ttl", {"priority": 101}, "priority"),
     ],
 )
 def test_bad_parameter_names_policy_and_parameter(

@@ -33,6 +33,7 @@ from sidecar.policies.adaptive.value import (
 from sidecar.policies.base import (
     blocks_to_admit,
     expired_unless_job_waits,
+    has_no_job,
     pinned_blocks_by_job,
     superseded_pins,
     tool_distribution,
@@ -40,14 +41,19 @@ from sidecar.policies.base import (
 
 
 def on_finish(state: StepState, finished: FinishInput) -> RetainDecision:
-    """A last step is released. Otherwise the pin is valued at elapsed 0 and the pin
-    price: worth more than 0, it is pinned for its best horizon; else soft-retained at
-    a priority that rises with P(back within the longest horizon). The job's older
-    pins are released either way (one pin per job)."""
+    """A last step, and a request with no job, is released. Otherwise the pin is
+    valued at elapsed 0 and the pin price: worth more than 0, it is pinned for its
+    best horizon; else soft-retained at a priority that rises with P(back within the
+    longest horizon). The job's older pins are released either way (one pin per
+    job)."""
     superseded = superseded_pins(finished)
     request = finished.request
     if request.is_last_step:
         return RetainDecision.release(Reason(Rule.LAST_STEP).text(), release_pins=superseded)
+    if has_no_job(request):
+        # Not valued: the tools' times say nothing about a request that has no next
+        # turn, and its blocks must not count as a context expected back.
+        return RetainDecision.release(Reason(Rule.NO_JOB).text(), release_pins=superseded)
     params = state.params
     step = finished.step
     price = state.pin_price()

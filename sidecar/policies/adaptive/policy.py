@@ -27,7 +27,7 @@ from sidecar.policies.adaptive.params import AdaptiveParams
 from sidecar.policies.adaptive.reasons import Reason, Rule
 from sidecar.policies.adaptive.state import EngineMemory, StepState
 from sidecar.policies.adaptive.waiting import PinShare, answers_run_late
-from sidecar.policies.base import NativePolicy, PolicyParams, job_level_victims
+from sidecar.policies.base import NativePolicy, PolicyParams, has_no_job, job_level_victims
 
 # AdaptiveParams is defined in params.py and importable from here too.
 __all__ = ["AdaptiveParams", "AdaptivePolicy"]
@@ -84,7 +84,10 @@ class AdaptivePolicy(NativePolicy):
 
     def on_finish(self, finished: FinishInput) -> RetainDecision:
         decision = pins.on_finish(self._state(finished.step), finished)
-        if self.params.provisional_cache == "auto" and not finished.request.is_last_step:
+        request = finished.request
+        # The share of finishes pinned counts the turns the engine holds: a job's.
+        if (self.params.provisional_cache == "auto" and not request.is_last_step
+                and not has_no_job(request)):
             self._memory.pin_shares.setdefault(finished.step.engine_id, PinShare()).record(
                 decision.action is RetainAction.PIN)
         return decision

@@ -19,6 +19,7 @@ class Rule(enum.Enum):
     JOB_ORDER = "job_order"  # order_waiting: overdue first, then by job
     VICTIMS = "victims"  # order_victims
     LAST_STEP = "last_step"  # on_finish
+    NO_JOB = "no_job"  # on_finish
     PIN = "pin"  # on_finish
     SOFT_RETAIN = "soft_retain"  # on_finish
     NOT_WORTH_MEMORY = "not_worth_memory"  # release_under_pressure
@@ -67,6 +68,8 @@ class Reason:
             body = "newest non-last-step job preempted first, then newest job"
         elif rule is Rule.LAST_STEP:
             body = "last step of the job"
+        elif rule is Rule.NO_JOB:
+            body = "no job id: a job of one turn, left to vLLM's order"
         elif rule is Rule.PIN:
             body = (f"pin {self.horizon_s:g} s worth {self.value_s:.3g} s at memory price "
                     f"{self.price:.2f} ({self.source})")

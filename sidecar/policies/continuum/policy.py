@@ -23,6 +23,7 @@ from sidecar.policies.base import (
     PolicyParams,
     blocks_to_admit,
     expired_unless_job_waits,
+    has_no_job,
     job_level_victims,
     job_level_waiting_key,
     pinned_blocks_by_job,
@@ -166,6 +167,11 @@ class ContinuumPolicy(NativePolicy):
         if finished.request.is_last_step:
             return RetainDecision.release(
                 f"{self.name}: last step of the job", release_pins=superseded
+            )
+        if has_no_job(finished.request):
+            # A tool call parsed from a one-shot answer does not bring it back.
+            return RetainDecision.release(
+                f"{self.name}: no job id: a job of one turn", release_pins=superseded
             )
         ttl_s, reason = self.pin_ttl_s(finished)
         if ttl_s is None or ttl_s <= self.params.min_pin_ttl_s:
