@@ -78,7 +78,7 @@ def _count_contents(report: pb.StepReport) -> None:
 _SESSION_GAUGES = (metrics.ENGINE_FALLBACK_STEPS, metrics.ENGINE_PROVISIONAL_BLOCK_SECONDS,
                    metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
                    metrics.ENGINE_LATE_ANSWER_SHARE, metrics.ENGINE_IDLE_WAITS,
-                   metrics.ENGINE_IDLE_WAITS_MISSED)
+                   metrics.ENGINE_IDLE_WAITS_MISSED, metrics.ENGINE_KV_HINT_ACTIONS_IGNORED)
 # What the daemon learned of an engine's hardware: kept across its sessions, removed
 # when the engine is forgotten.
 _LEARNED_GAUGES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -270,6 +270,8 @@ class EngineRegistry:
         metrics.ENGINE_IDLE_WAITS.labels(mirror.engine_id).set(mirror.counters.idle_waits)
         metrics.ENGINE_IDLE_WAITS_MISSED.labels(mirror.engine_id).set(
             mirror.counters.idle_waits_missed)
+        metrics.ENGINE_KV_HINT_ACTIONS_IGNORED.labels(mirror.engine_id).set(
+            mirror.counters.kv_hint_actions_ignored)
         metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
             1 if decision.provisional_cache else 0)
         lags = tuple(mirror.counters.answers_by_lag_steps)

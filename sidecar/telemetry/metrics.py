@@ -130,6 +130,13 @@ ENGINE_IDLE_WAITS_MISSED = Gauge(
     ["engine"],
     registry=REGISTRY,
 )
+ENGINE_KV_HINT_ACTIONS_IGNORED = Gauge(
+    "kvtether_engine_kv_hint_actions_ignored",
+    "KV hint actions (vLLM's Request.kv_hints) engines ignored: of a type or version "
+    "kvtether does not read, or malformed (engine-reported, cumulative).",
+    ["engine"],
+    registry=REGISTRY,
+)
 ENGINE_PROVISIONAL_BLOCK_SECONDS = Gauge(
     "kvtether_engine_provisional_block_seconds",
     "KV block-seconds the engine held finished requests' blocks awaiting the daemon's "

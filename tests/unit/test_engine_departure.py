@@ -49,6 +49,7 @@ def engine_series(engine_id: str) -> set[str]:
 
 SESSION_SERIES = {"kvtether_engine_fallback_steps", "kvtether_engine_answers_by_lag_steps",
                   "kvtether_engine_idle_waits", "kvtether_engine_idle_waits_missed",
+                  "kvtether_engine_kv_hint_actions_ignored",
                   "kvtether_engine_finished_turns_cached",
                   "kvtether_engine_late_answer_share",
                   "kvtether_engine_prefill_time_ratio",
