@@ -197,6 +197,7 @@ def test_kvtether_job_action_keeps_the_context_and_the_last_step_frees_it(
     assert second.num_cached_tokens > 0, "the pin kept the context through the flood"
     prompt += second.outputs[0].text + tool_output(seed=11)
     turn(last=True)
+    print(f"kv hints e2e: job turn 2 cached {second.num_cached_tokens} tokens")
     assert engine.kv_after_release() == 0.0, "the last step frees the job's KV"
 
     job = get_job(daemon, job_id)
@@ -239,6 +240,8 @@ def test_dynamo_caller_session_is_retained_and_its_close_releases_it(
     turn(("kv.evict", "1.0", close))  # the session's close
     flood_in_waves("dynamo-after-close")
     again = engine.generate(TokensPrompt(prompt_token_ids=list(tokens)), max_tokens=1)
+    print(f"kv hints e2e: Dynamo turn 2 cached {second.num_cached_tokens} of "
+          f"{len(second.prompt_token_ids or ())}; after the close {again.num_cached_tokens}")
     assert again.num_cached_tokens == 0, "the close released the session's blocks"
 
     job = get_job(daemon, session)
