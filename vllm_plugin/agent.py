@@ -125,6 +125,7 @@ class EngineAgent:
         """A new request, before vLLM enqueues it."""
         meta = read_metadata(request)
         self.metadata[request.request_id] = meta
+        self.counters.kv_hint_actions_ignored += meta.kv_hint_actions_ignored
         request.priority = fallback.UNRANKED_PRIORITY
         if not reportable(request.request_id):
             self._unreported.add(request.request_id)

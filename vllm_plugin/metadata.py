@@ -3,10 +3,14 @@ what the plugin reads off a request at its end (finish reason, the tool it calle
 
 Sources, first wins: ``sampling_params.extra_args`` (the OpenAI API's
 ``extra_body={"vllm_xargs": {...}}``, where ``vllm_plugin.http`` also moves the same
-fields sent at the top level of the body; booleans arrive as 0/1), then vLLM's
-``session_id`` (the ``session_id`` field / ``X-Session-ID`` header) as the job id.
-A request with none is a job of its own. A malformed field never fails the request:
-it is ignored with one warning naming it.
+fields sent at the top level of the body; booleans arrive as 0/1), then the actions of
+vLLM's KV hint envelope (``Request.kv_hints``, vLLM 0.32 on: :mod:`sidecar.api.kv_hints`),
+then vLLM's ``session_id`` (the ``session_id`` field / ``X-Session-ID`` header, or
+``AsyncLLM.generate(session_id=...)``) as the job id. A request with none is a job of
+its own. Retention comes as ``retention_directives`` (the RFC's list) or
+``kv_cache_retention_config`` (TensorRT-LLM's config, as JSON:
+:mod:`sidecar.api.retention_dialects`). A malformed field never fails the request: it
+is ignored with one warning naming it.
 
 Limits (``sidecar.api.bounds``, the same the daemon enforces) never drop a field the
 client meant:
@@ -33,7 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.api.bounds import MAX_ID_CHARS, FieldError, check_text, clean_tool_name
+from sidecar.api.kv_hints import read_kv_hints
+from sidecar.api.retention_dialects import TRTLLM_XARGS_KEY, from_trtllm_json
+from sidecar.api.retention_ranges import DirectiveError
 from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import retention_pb2 as retention_pb
 from vllm_plugin.vllm_tool_parser import VllmToolParser
 
 logger = logging.getLogger("kvtether.plugin")
@@ -54,6 +62,11 @@ class RequestMetadata:
     tool: str = ""
     retention_directives: tuple[dict[str, Any], ...] = ()
     retention_scope: str = ""
+    # Directives already converted (TensorRT-LLM's form, a KV hint action); used when
+    # the request sent no retention_directives.
+    retention: retention_pb.RetentionConfig | None = None
+    # KV hint actions ignored (unknown type or version, or malformed).
+    kv_hint_actions_ignored: int = 0
 
 
 def _warn(request_id: str, field: str, value: object, why: str) -> None:
@@ -131,6 +144,16 @@ def _directives(request_id: str, value: object) -> tuple[dict[str, Any], ...]:
     return tuple(parsed)
 
 
+def _trtllm(request_id: str, value: object) -> retention_pb.RetentionConfig | None:
+    if value is None:
+        return None
+    try:
+        return from_trtllm_json(value)
+    except DirectiveError as error:
+        _warn(request_id, TRTLLM_XARGS_KEY, value, str(error))
+        return None
+
+
 def read_metadata(request: Any) -> RequestMetadata:
     """Metadata of a vLLM ``Request`` (duck-typed: works on any object with the same
     attributes, e.g. in the in-process twin)."""
@@ -139,16 +162,38 @@ def read_metadata(request: Any) -> RequestMetadata:
     extra = getattr(params, "extra_args", None) or {}
     if not isinstance(extra, dict):
         extra = {}
+    # vLLM >= 0.32 carries the KV hint envelope on the request; older ones have none.
+    hints = read_kv_hints(getattr(request, "kv_hints", None))
+    for problem in hints.problems:
+        logger.warning("kvtether: request %s: ignoring a KV hint action: %s",
+                       request_id, problem)
     job_id = _id(request_id, "job_id", extra.get("job_id"))
+    if not job_id:
+        job_id = _id(request_id, "kv_hints job_id", hints.job_id or None)
     if not job_id:
         # vLLM >= 0.32 carries the OpenAI session id on the request.
         job_id = _id(request_id, "session_id", getattr(request, "session_id", None))
+    directives = _directives(request_id, extra.get("retention_directives"))
+    retention = _trtllm(request_id, extra.get(TRTLLM_XARGS_KEY))
+    if directives and retention is not None:
+        _warn(request_id, TRTLLM_XARGS_KEY, extra.get(TRTLLM_XARGS_KEY),
+              "retention_directives is set too, and wins")
+        retention = None
+    if not directives and retention is None:
+        retention = hints.retention
+    scope = _id(request_id, "retention_scope", extra.get("retention_scope"))
+    if not scope and hints.scope_is_session and retention is hints.retention:
+        scope = _id(request_id, "session_id", getattr(request, "session_id", None))
     return RequestMetadata(
         job_id=job_id,
-        is_last_step=_flag(request_id, "is_last_step", extra.get("is_last_step")),
-        tool=clean_tool_name(_text(request_id, "tool", extra.get("tool"))),
-        retention_directives=_directives(request_id, extra.get("retention_directives")),
-        retention_scope=_id(request_id, "retention_scope", extra.get("retention_scope")),
+        is_last_step=(_flag(request_id, "is_last_step", extra.get("is_last_step"))
+                      or hints.is_last_step),
+        tool=clean_tool_name(_text(request_id, "tool", extra.get("tool")) or hints.tool),
+        retention_directives=directives,
+        retention_scope=scope or _id(request_id, "kv_hints retention_scope",
+                                     hints.retention_scope or None),
+        retention=retention,
+        kv_hint_actions_ignored=hints.ignored,
     )
 
 

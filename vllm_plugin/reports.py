@@ -213,11 +213,12 @@ class ReportBuilder:
 
 
 def _retention_config(request_id: str, meta: RequestMetadata) -> Any:
-    """The request's own directives on the wire (None when it sent none); the daemon
+    """The request's own directives on the wire (None when it sent none; converted
+    ones, from TensorRT-LLM's form or a KV hint, as they are); the daemon
     validates their meaning. A shape the wire cannot carry is ignored with a warning:
     the request runs as if it had sent none."""
     if not meta.retention_directives:
-        return None
+        return meta.retention
     try:
         return from_request_directives(meta.retention_directives)
     except DirectiveError as error:

@@ -1,5 +1,9 @@
 """gRPC Retention: orchestrators set, read back and clear directives per job or session.
 
+SetDirectives takes the directives in kvtether's shape (``config``) or in
+TensorRT-LLM's (``trtllm_config``, converted by :mod:`sidecar.api.retention_dialects`),
+one of the two.
+
 A tool call an orchestrator announces names the job's tool in the job tracker (the
 job's last tool for policies, and the tool its next arrival's tool time counts for);
 the service itself keeps nothing per call.
@@ -25,6 +29,7 @@ import grpc
 import structlog
 
 from sidecar.api.bounds import FieldError, check_text, check_time, check_tool
+from sidecar.api.retention_dialects import from_trtllm_message
 from sidecar.api.retention_ownership import ANONYMOUS
 from sidecar.api.v1 import retention_pb2 as pb
 from sidecar.api.v1 import retention_pb2_grpc
@@ -86,10 +91,10 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         await check_request(request, context)
         try:
             target = target_of(request.target)
-            validate(request.config)
+            config = directives_of(request)
             key = keys.retention_directive(target)
             stored = await self._store.transact(
-                [key], set_rule(key, scope, request.config, time.time(), self._ttl_ms))
+                [key], set_rule(key, scope, config, time.time(), self._ttl_ms))
         except DirectiveError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except OwnershipError as error:
@@ -169,6 +174,18 @@ class RetentionService(retention_pb2_grpc.RetentionServicer):
         if self._tracker is not None:
             self._tracker.on_tool_announced(request.job_id, request.tool)
         return pb.AnnounceToolCallResponse()
+
+
+def directives_of(request: pb.SetDirectivesRequest) -> pb.RetentionConfig:
+    """The request's directives, from ``config`` or (converted) ``trtllm_config``;
+    validated. Raises DirectiveError naming the field."""
+    if request.HasField("trtllm_config"):
+        if request.HasField("config"):
+            raise DirectiveError("trtllm_config",
+                                 "set together with config: send one of the two")
+        return from_trtllm_message(request.trtllm_config)
+    validate(request.config)
+    return request.config
 
 
 def _sends_token(context: grpc.aio.ServicerContext) -> bool:

@@ -30,6 +30,8 @@ class EngineTotals:
     # Answers applied k steps after their report, at index k; the last index counts
     # that many steps or more.
     answers_by_lag_steps: tuple[int, ...]
+    # KV hint actions (vLLM's Request.kv_hints) the engine did not read.
+    kv_hint_actions_ignored: int = 0
 
 
 FALLBACK_STEPS = "kvtether_engine_fallback_steps"
@@ -37,6 +39,7 @@ IDLE_WAITS = "kvtether_engine_idle_waits"
 IDLE_WAITS_MISSED = "kvtether_engine_idle_waits_missed"
 PROVISIONAL_BLOCK_SECONDS = "kvtether_engine_provisional_block_seconds"
 ANSWER_LAG = "kvtether_engine_answer_lag_steps"
+KV_HINT_ACTIONS_IGNORED = "kvtether_engine_kv_hint_actions_ignored"
 
 _HELP = {
     FALLBACK_STEPS: "Steps the engine scheduled natively because no fresh decision came "
@@ -50,6 +53,9 @@ _HELP = {
     PROVISIONAL_BLOCK_SECONDS: "KV block-seconds the engine held finished requests' blocks "
                                "awaiting the daemon's word on a pin (engine-reported): the "
                                "memory the answer lag costs.",
+    KV_HINT_ACTIONS_IGNORED: "KV hint actions (vLLM's Request.kv_hints) the engine ignored: "
+                             "of a type or version kvtether does not read, or malformed "
+                             "(engine-reported).",
     ANSWER_LAG: "Decisions the engine applied, by steps between its report and their "
                 "application (le 1.0: by the next step, as designed; the top bucket is open; "
                 "engine-reported; no _sum, the top bucket's lags are not known).",
@@ -97,7 +103,7 @@ class EngineCounterCollector(Collector):
     def _families(self, totals: dict[str, EngineTotals]) -> Iterator[Metric]:
         counters = {name: CounterMetricFamily(name, _HELP[name], labels=["engine"])
                     for name in (FALLBACK_STEPS, IDLE_WAITS, IDLE_WAITS_MISSED,
-                                 PROVISIONAL_BLOCK_SECONDS)}
+                                 PROVISIONAL_BLOCK_SECONDS, KV_HINT_ACTIONS_IGNORED)}
         lags = HistogramMetricFamily(ANSWER_LAG, _HELP[ANSWER_LAG], labels=["engine"])
         for engine_id, engine in sorted(totals.items()):
             counters[FALLBACK_STEPS].add_metric([engine_id], engine.fallback_steps)
@@ -105,6 +111,8 @@ class EngineCounterCollector(Collector):
             counters[IDLE_WAITS_MISSED].add_metric([engine_id], engine.idle_waits_missed)
             counters[PROVISIONAL_BLOCK_SECONDS].add_metric(
                 [engine_id], engine.provisional_block_seconds)
+            counters[KV_HINT_ACTIONS_IGNORED].add_metric([engine_id],
+                                                         engine.kv_hint_actions_ignored)
             if engine.answers_by_lag_steps:
                 buckets = lag_buckets(engine.answers_by_lag_steps)
                 # No _sum: add_metric writes _count only with one.

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkvtether/v1/retention.proto\x12\x0bkvtether.v1\"\x8a\x01\n\x13TokenRangeRetention\x12\x13\n\x0btoken_start\x18\x01 \x01(\r\x12\x16\n\ttoken_end\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x17\n\nduration_s\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_token_endB\r\n\x0b_duration_s\"\xb1\x01\n\x0fRetentionConfig\x12\x36\n\x0ctoken_ranges\x18\x01 \x03(\x0b\x32 .kvtether.v1.TokenRangeRetention\x12\x1c\n\x0f\x64\x65\x63ode_priority\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x11\x64\x65\x63ode_duration_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x12\n\x10_decode_priorityB\x14\n\x12_decode_duration_s\"C\n\x0fRetentionTarget\x12\x10\n\x06job_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"\x81\x01\n\x14SetDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\r\n\x05scope\x18\x03 \x01(\t\"]\n\x15SetDirectivesResponse\x12/\n\teffective\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x13\n\x0bowner_scope\x18\x02 \x01(\t\"D\n\x14GetDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\"\x84\x01\n\x15GetDirectivesResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x13\n\x0bowner_scope\x18\x03 \x01(\t\x12\x19\n\x11updated_at_unix_s\x18\x04 \x01(\x01\"U\n\x16\x43learDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\x12\r\n\x05scope\x18\x02 \x01(\t\"*\n\x17\x43learDirectivesResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\"T\n\x17\x41nnounceToolCallRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x1b\n\x13\x65xpected_duration_s\x18\x03 \x01(\x01\"\x1a\n\x18\x41nnounceToolCallResponse2\xfa\x02\n\tRetention\x12V\n\rSetDirectives\x12!.kvtether.v1.SetDirectivesRequest\x1a\".kvtether.v1.SetDirectivesResponse\x12V\n\rGetDirectives\x12!.kvtether.v1.GetDirectivesRequest\x1a\".kvtether.v1.GetDirectivesResponse\x12\\\n\x0f\x43learDirectives\x12#.kvtether.v1.ClearDirectivesRequest\x1a$.kvtether.v1.ClearDirectivesResponse\x12_\n\x10\x41nnounceToolCall\x12$.kvtether.v1.AnnounceToolCallRequest\x1a%.kvtether.v1.AnnounceToolCallResponseB<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkvtether/v1/retention.proto\x12\x0bkvtether.v1\"\x8a\x01\n\x13TokenRangeRetention\x12\x13\n\x0btoken_start\x18\x01 \x01(\r\x12\x16\n\ttoken_end\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x17\n\nduration_s\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_token_endB\r\n\x0b_duration_s\"\xb1\x01\n\x0fRetentionConfig\x12\x36\n\x0ctoken_ranges\x18\x01 \x03(\x0b\x32 .kvtether.v1.TokenRangeRetention\x12\x1c\n\x0f\x64\x65\x63ode_priority\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x11\x64\x65\x63ode_duration_s\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x12\n\x10_decode_priorityB\x14\n\x12_decode_duration_s\"C\n\x0fRetentionTarget\x12\x10\n\x06job_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"\x92\x01\n\x19TrtllmTokenRangeRetention\x12\x13\n\x0btoken_start\x18\x01 \x01(\r\x12\x16\n\ttoken_end\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x03 \x01(\r\x12\x18\n\x0b\x64uration_ms\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_token_endB\x0e\n\x0c_duration_ms\"\xe4\x01\n\x15TrtllmRetentionConfig\x12M\n\x1dtoken_range_retention_configs\x18\x01 \x03(\x0b\x32&.kvtether.v1.TrtllmTokenRangeRetention\x12&\n\x19\x64\x65\x63ode_retention_priority\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x1f\n\x12\x64\x65\x63ode_duration_ms\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x1c\n\x1a_decode_retention_priorityB\x15\n\x13_decode_duration_ms\"\xbc\x01\n\x14SetDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\r\n\x05scope\x18\x03 \x01(\t\x12\x39\n\rtrtllm_config\x18\x04 \x01(\x0b\x32\".kvtether.v1.TrtllmRetentionConfig\"]\n\x15SetDirectivesResponse\x12/\n\teffective\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x13\n\x0bowner_scope\x18\x02 \x01(\t\"D\n\x14GetDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\"\x84\x01\n\x15GetDirectivesResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12,\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1c.kvtether.v1.RetentionConfig\x12\x13\n\x0bowner_scope\x18\x03 \x01(\t\x12\x19\n\x11updated_at_unix_s\x18\x04 \x01(\x01\"U\n\x16\x43learDirectivesRequest\x12,\n\x06target\x18\x01 \x01(\x0b\x32\x1c.kvtether.v1.RetentionTarget\x12\r\n\x05scope\x18\x02 \x01(\t\"*\n\x17\x43learDirectivesResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\"T\n\x17\x41nnounceToolCallRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x1b\n\x13\x65xpected_duration_s\x18\x03 \x01(\x01\"\x1a\n\x18\x41nnounceToolCallResponse2\xfa\x02\n\tRetention\x12V\n\rSetDirectives\x12!.kvtether.v1.SetDirectivesRequest\x1a\".kvtether.v1.SetDirectivesResponse\x12V\n\rGetDirectives\x12!.kvtether.v1.GetDirectivesRequest\x1a\".kvtether.v1.GetDirectivesResponse\x12\\\n\x0f\x43learDirectives\x12#.kvtether.v1.ClearDirectivesRequest\x1a$.kvtether.v1.ClearDirectivesResponse\x12_\n\x10\x41nnounceToolCall\x12$.kvtether.v1.AnnounceToolCallRequest\x1a%.kvtether.v1.AnnounceToolCallResponseB<Z:github.com/kvtether/kvtether/gen/go/kvtether/v1;kvtetherv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,22 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETENTIONCONFIG']._serialized_end=363
   _globals['_RETENTIONTARGET']._serialized_start=365
   _globals['_RETENTIONTARGET']._serialized_end=432
-  _globals['_SETDIRECTIVESREQUEST']._serialized_start=435
-  _globals['_SETDIRECTIVESREQUEST']._serialized_end=564
-  _globals['_SETDIRECTIVESRESPONSE']._serialized_start=566
-  _globals['_SETDIRECTIVESRESPONSE']._serialized_end=659
-  _globals['_GETDIRECTIVESREQUEST']._serialized_start=661
-  _globals['_GETDIRECTIVESREQUEST']._serialized_end=729
-  _globals['_GETDIRECTIVESRESPONSE']._serialized_start=732
-  _globals['_GETDIRECTIVESRESPONSE']._serialized_end=864
-  _globals['_CLEARDIRECTIVESREQUEST']._serialized_start=866
-  _globals['_CLEARDIRECTIVESREQUEST']._serialized_end=951
-  _globals['_CLEARDIRECTIVESRESPONSE']._serialized_start=953
-  _globals['_CLEARDIRECTIVESRESPONSE']._serialized_end=995
-  _globals['_ANNOUNCETOOLCALLREQUEST']._serialized_start=997
-  _globals['_ANNOUNCETOOLCALLREQUEST']._serialized_end=1081
-  _globals['_ANNOUNCETOOLCALLRESPONSE']._serialized_start=1083
-  _globals['_ANNOUNCETOOLCALLRESPONSE']._serialized_end=1109
-  _globals['_RETENTION']._serialized_start=1112
-  _globals['_RETENTION']._serialized_end=1490
+  _globals['_TRTLLMTOKENRANGERETENTION']._serialized_start=435
+  _globals['_TRTLLMTOKENRANGERETENTION']._serialized_end=581
+  _globals['_TRTLLMRETENTIONCONFIG']._serialized_start=584
+  _globals['_TRTLLMRETENTIONCONFIG']._serialized_end=812
+  _globals['_SETDIRECTIVESREQUEST']._serialized_start=815
+  _globals['_SETDIRECTIVESREQUEST']._serialized_end=1003
+  _globals['_SETDIRECTIVESRESPONSE']._serialized_start=1005
+  _globals['_SETDIRECTIVESRESPONSE']._serialized_end=1098
+  _globals['_GETDIRECTIVESREQUEST']._serialized_start=1100
+  _globals['_GETDIRECTIVESREQUEST']._serialized_end=1168
+  _globals['_GETDIRECTIVESRESPONSE']._serialized_start=1171
+  _globals['_GETDIRECTIVESRESPONSE']._serialized_end=1303
+  _globals['_CLEARDIRECTIVESREQUEST']._serialized_start=1305
+  _globals['_CLEARDIRECTIVESREQUEST']._serialized_end=1390
+  _globals['_CLEARDIRECTIVESRESPONSE']._serialized_start=1392
+  _globals['_CLEARDIRECTIVESRESPONSE']._serialized_end=1434
+  _globals['_ANNOUNCETOOLCALLREQUEST']._serialized_start=1436
+  _globals['_ANNOUNCETOOLCALLREQUEST']._serialized_end=1520
+  _globals['_ANNOUNCETOOLCALLRESPONSE']._serialized_start=1522
+  _globals['_ANNOUNCETOOLCALLRESPONSE']._serialized_end=1548
+  _globals['_RETENTION']._serialized_start=1551
+  _globals['_RETENTION']._serialized_end=1929
 # @@protoc_insertion_point(module_scope)

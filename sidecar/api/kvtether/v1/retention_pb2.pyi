@@ -35,15 +35,39 @@ class RetentionTarget(_message.Message):
     session_id: str
     def __init__(self, job_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
+class TrtllmTokenRangeRetention(_message.Message):
+    __slots__ = ("token_start", "token_end", "priority", "duration_ms")
+    TOKEN_START_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_END_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    token_start: int
+    token_end: int
+    priority: int
+    duration_ms: float
+    def __init__(self, token_start: _Optional[int] = ..., token_end: _Optional[int] = ..., priority: _Optional[int] = ..., duration_ms: _Optional[float] = ...) -> None: ...
+
+class TrtllmRetentionConfig(_message.Message):
+    __slots__ = ("token_range_retention_configs", "decode_retention_priority", "decode_duration_ms")
+    TOKEN_RANGE_RETENTION_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_RETENTION_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DECODE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    token_range_retention_configs: _containers.RepeatedCompositeFieldContainer[TrtllmTokenRangeRetention]
+    decode_retention_priority: int
+    decode_duration_ms: float
+    def __init__(self, token_range_retention_configs: _Optional[_Iterable[_Union[TrtllmTokenRangeRetention, _Mapping]]] = ..., decode_retention_priority: _Optional[int] = ..., decode_duration_ms: _Optional[float] = ...) -> None: ...
+
 class SetDirectivesRequest(_message.Message):
-    __slots__ = ("target", "config", "scope")
+    __slots__ = ("target", "config", "scope", "trtllm_config")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TRTLLM_CONFIG_FIELD_NUMBER: _ClassVar[int]
     target: RetentionTarget
     config: RetentionConfig
     scope: str
-    def __init__(self, target: _Optional[_Union[RetentionTarget, _Mapping]] = ..., config: _Optional[_Union[RetentionConfig, _Mapping]] = ..., scope: _Optional[str] = ...) -> None: ...
+    trtllm_config: TrtllmRetentionConfig
+    def __init__(self, target: _Optional[_Union[RetentionTarget, _Mapping]] = ..., config: _Optional[_Union[RetentionConfig, _Mapping]] = ..., scope: _Optional[str] = ..., trtllm_config: _Optional[_Union[TrtllmRetentionConfig, _Mapping]] = ...) -> None: ...
 
 class SetDirectivesResponse(_message.Message):
     __slots__ = ("effective", "owner_scope")
