@@ -13,6 +13,7 @@ the engine goes on serving.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -157,3 +158,62 @@ def test_malformed_fields_get_400_naming_them_and_the_engine_serves_on(
     for job_id in ("dialect-stream", "dialect-completion", "dialect-responses"):
         assert len(get_job(engine, job_id, turns=1).turns) == 1, job_id
     assert kv_usage(engine) == 0.0
+
+
+def test_tensorrt_llm_retention_configs_keep_context_and_bad_ones_are_named(
+        engine: LiveEngine) -> None:
+    """TensorRT-LLM's ``KvCacheRetentionConfig`` as an orchestrator builds it: pushed for
+    a session with ``Retention/SetDirectives`` (grpcurl, its ``trtllm_config`` field), or
+    sent with a request (``vllm_xargs`` ``kv_cache_retention_config``, as JSON)."""
+    from tests.e2e.test_retention import grpcurl
+
+    ensure_policy(engine, "fcfs")  # no pins: only the retention configs keep anything
+    api = client(engine)
+    trtllm = {"token_range_retention_configs": [
+        {"token_start": 0, "token_end": None, "priority": 80, "duration_ms": 30_000}],
+        "decode_retention_priority": 35}
+    target = {"session_id": "trt-pushed"}
+
+    # A malformed config is refused naming the field, in TensorRT-LLM's terms.
+    bad = {"token_range_retention_configs": [{"token_start": 0, "priority": 101}]}
+    rc, error = grpcurl(engine, "SetDirectives",
+                        {"target": target, "trtllm_config": bad, "scope": "dynamo"})
+    assert rc != 0 and "InvalidArgument" in error, error
+    assert "trtllm_config.token_range_retention_configs[0].priority" in error, error
+    # Over gRPC an open end is an unset token_end (proto JSON has no null scalars).
+    pushed = {"token_range_retention_configs": [
+        {"token_start": 0, "priority": 80, "duration_ms": 30_000}],
+        "decode_retention_priority": 35}
+    rc, answer = grpcurl(engine, "SetDirectives",
+                         {"target": target, "trtllm_config": pushed, "scope": "dynamo"})
+    assert rc == 0, answer
+    # Read back in kvtether's shape: milliseconds became seconds.
+    assert answer["effective"]["token_ranges"][0]["duration_s"] == 30, answer
+
+    sessions = {name: conversation(seed) for name, seed in
+                (("trt-pushed", 65), ("trt-xargs", 66), ("trt-none", 67))}
+
+    def turn(name: str) -> Any:
+        xargs: dict[str, Any] = {"job_id": name}
+        if name == "trt-xargs":
+            xargs["kv_cache_retention_config"] = json.dumps(trtllm)
+        answer = api.chat.completions.create(
+            model="tiny", messages=sessions[name], max_tokens=8,
+            extra_body={"vllm_xargs": xargs, "ignore_eos": True})
+        sessions[name] += [{"role": "assistant", "content": answer.choices[0].message.content},
+                           {"role": "user", "content": "$ make\nok"}]
+        return answer
+
+    first = {name: turn(name) for name in sessions}
+    for wave in range(4):
+        flood(engine, tag=f"trtllm-flood-{wave}", count=4, words=150)
+    hits = {name: cached_tokens(turn(name)) for name in sessions}
+    print(f"TensorRT-LLM retention configs: turn-2 cached tokens {hits}")
+
+    full_blocks = first["trt-pushed"].usage.prompt_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+    assert hits["trt-pushed"] >= full_blocks, hits
+    assert hits["trt-xargs"] >= full_blocks, hits
+    assert hits["trt-none"] == 0, hits
+    assert kv_usage(engine) == 0.0
+    rc, _ = grpcurl(engine, "ClearDirectives", {"target": target, "scope": "dynamo"})
+    assert rc == 0
