@@ -22,9 +22,10 @@ def test_the_daemon_that_forgets_keeps_only_the_engines_of_the_last_seconds(
     rows = json.loads(out.read_text())["rows"]
     assert [row["engines"] for row in rows] == [4, 8]
     last = rows[-1]
-    # Each engine leaves its learned step cost behind (3 series) once it has gone;
-    # the daemon that never forgets holds all eight, the other the last few.
-    assert last["keeps"]["engine_series"] == 8 * 3
+    # Each engine leaves what the daemon learned and counted of it behind once it has
+    # gone (its step cost, 3 series, and its steps): the daemon that never forgets
+    # holds all eight, the other the last few.
+    assert last["keeps"]["engine_series"] == 8 * 4
     assert last["forgets"]["engine_series"] < last["keeps"]["engine_series"]
     assert "never forgetting keeps" in done.stdout
 
