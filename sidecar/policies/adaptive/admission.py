@@ -9,13 +9,14 @@ request by its job's age, credited at most ``credit_s`` (README.md, "Admission")
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.framework.types import Ordering, RequestView
 from sidecar.policies.adaptive.reasons import CreditScope, Reason, Rule
 from sidecar.policies.adaptive.state import StepState
-from sidecar.policies.base import blocks_to_admit, job_level_waiting_key
+from sidecar.policies.base import blocks_to_admit, job_first_arrivals
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +97,13 @@ def fair_share_s(state: StepState, fcfs_factor: float = 1.0) -> float:
     return max(little_s, state.params.min_fair_share_s)
 
 
-def fair_shares_s(state: StepState) -> dict[str, float]:
-    """Each waiting request's fair share: the lesser of the wait arrival order gives a
-    request arriving now (``fair_share_s``) and, once arrival order would have
-    admitted this one, the wait it gave it (``ArrivalOrderClock``, fixed once due: it
-    does not grow with a backlog that built after the request arrived); at least
+def overdue_request_ids(state: StepState, multiple: float) -> set[str]:
+    """The waiting requests that have waited more than ``multiple`` fair shares.
+
+    A request's fair share: the lesser of the wait arrival order gives a request
+    arriving now (``fair_share_s``) and, once arrival order would have admitted this
+    one, the wait it gave it (``ArrivalOrderClock``, fixed once due: it does not grow
+    with a backlog that built after the request arrived); at least
     ``min_fair_share_s``. Both count the engine's admissions at what they are worth to
     FCFS, which re-computes what this engine kept when memory is short and so admits
     fewer (``FcfsRecompute``)."""
@@ -110,14 +113,17 @@ def fair_shares_s(state: StepState) -> dict[str, float]:
                                            step.running, _fcfs_weigh(state))
     now_share_s = fair_share_s(state, memory.fcfs_recompute.factor(step.engine_id))
     least_s = state.params.min_fair_share_s
-    shares = {}
+    now_s = step.now_s
+    due_get = due_at_s.get
+    overdue = set()
     for request in step.waiting:
         share_s = now_share_s
-        due_s = due_at_s.get(request.request_id)
+        due_s = due_get(request.request_id)
         if due_s is not None:
             share_s = min(share_s, max(due_s - request.arrival_s, least_s))
-        shares[request.request_id] = share_s
-    return shares
+        if now_s - request.arrival_s > multiple * share_s:
+            overdue.add(request.request_id)
+    return overdue
 
 
 def _fcfs_weigh(state: StepState) -> Callable[[list[RequestView]], float]:
@@ -142,8 +148,13 @@ def _keeping_up(state: StepState) -> bool:
     if state.pressure.price > 0.0:
         return False
     step = state.step
-    oldest_wait_s = max((step.now_s - r.arrival_s for r in step.waiting), default=0.0)
+    # now_s - the earliest arrival: the longest wait, exactly (subtraction is monotone).
+    oldest_wait_s = (step.now_s - min(map(_arrival_s, step.waiting)) if step.waiting
+                     else 0.0)
     return oldest_wait_s <= state.params.min_fair_share_s
+
+
+_arrival_s = operator.attrgetter("arrival_s")
 
 
 def _admission_order(state: StepState) -> AdmissionOrder:
@@ -154,30 +165,55 @@ def _admission_order(state: StepState) -> AdmissionOrder:
     saturation only a request that fits in the free blocks is credited; one that does
     not keeps its place in arrival order."""
     step = state.step
-    multiple = overdue_multiple(state)
-    shares_s = fair_shares_s(state)
-    overdue = {r.request_id for r in step.waiting
-               if step.now_s - r.arrival_s > multiple * shares_s[r.request_id]}
+    overdue = overdue_request_ids(state, overdue_multiple(state))
     if _keeping_up(state):
         # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
         ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
         return AdmissionOrder(ordered, len(overdue), True)
-    job_level = job_level_waiting_key(step)
+    waiting = step.waiting
+    jobs = step.jobs
+    # Jobs the tracker sent no view for (rare): job_first_arrivals' fallback.
+    untracked_first_s: dict[str, float] | None = None
+    pinned_jobs = {pin.job_id for pin in step.pins}
     credit_s = state.params.credit_s
     every_one = credit_scope(state, prefill_share(state)) == "all"
     free_blocks = step.kv.free_blocks
     block_tokens = step.kv.block_size_tokens
-
-    def key(request: RequestView) -> tuple[float, ...]:
+    # The order is by (rank, first, second, request id), rank 0: overdue, by arrival;
+    # 1: the job holds a pin, by its first arrival then arrival; 2: by credited age
+    # then arrival. Sorted one component at a time, least significant first (each
+    # sort stable): no key tuple a request for the garbage collector to count.
+    ranks: list[int] = []
+    firsts: list[float] = []
+    seconds: list[float] = []
+    for request in waiting:
+        arrival_s = request.arrival_s
         if request.request_id in overdue:
-            return (0, request.arrival_s)
-        job_pinless, first_s, arrival_s, _ = job_level(request)
-        if job_pinless:
-            if every_one or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
-                return (2, max(first_s, arrival_s - credit_s), arrival_s)
-            return (2, arrival_s, arrival_s)
-        return (1, first_s, arrival_s)
-
-    # Ties (equal keys) are broken by request id: the order is total.
-    ordered = sorted(sorted(step.waiting, key=lambda r: r.request_id), key=key)
+            ranks.append(0)
+            firsts.append(arrival_s)
+            seconds.append(0.0)
+            continue
+        job = jobs.get(request.job_id)
+        if job is not None:
+            first_s = job.first_arrival_s
+        else:
+            if untracked_first_s is None:
+                untracked_first_s = job_first_arrivals(step, waiting)
+            first_s = untracked_first_s[request.job_id]
+        if request.job_id in pinned_jobs:
+            ranks.append(1)
+            firsts.append(first_s)
+        elif every_one or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
+            ranks.append(2)
+            firsts.append(max(first_s, arrival_s - credit_s))
+        else:
+            ranks.append(2)
+            firsts.append(arrival_s)
+        seconds.append(arrival_s)
+    ids = [request.request_id for request in waiting]
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    order.sort(key=seconds.__getitem__)
+    order.sort(key=firsts.__getitem__)
+    order.sort(key=ranks.__getitem__)
+    ordered = [waiting[index] for index in order]
     return AdmissionOrder(ordered, len(overdue), False)

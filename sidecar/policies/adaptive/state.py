@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sidecar.framework.types import Ordering, RequestView, StepView
+from sidecar.framework.types import Ordering, RequestView, StepView, ToolTimeDistribution
 from sidecar.policies.adaptive.forecast import (
     AdmissionRate,
     ArrivalOrderClock,
@@ -23,8 +25,6 @@ from sidecar.policies.adaptive.forecast import (
 )
 from sidecar.policies.adaptive.params import DEFAULT_PREFILL_S_PER_TOKEN, AdaptiveParams
 from sidecar.policies.adaptive.value import (
-    Outlook,
-    PinValue,
     Pressure,
     Valuation,
     memory_pressure,
@@ -77,14 +77,20 @@ class StepState:
     pins changed feeds them again at the same ``now_s``, which adds no time to their
     averages."""
 
-    __slots__ = ("_pin_price", "_pressure", "_valuation", "_waiting_price", "admission",
-                 "memory", "outlooks", "p_returns", "params", "prefill_s_per_token", "step",
-                 "values", "victims")
+    __slots__ = ("_pin_price", "_pressure", "_valuation", "_waiting_jobs", "_waiting_price",
+                 "admission",
+                 "distributions", "memory", "p_returns", "params",
+                 "prefill_s_per_token", "seen_until_s", "step", "values", "victims")
 
     def __init__(self, params: AdaptiveParams, memory: EngineMemory, step: StepView) -> None:
         self.params = params
         self.memory = memory
-        self.step = step
+        # A copy of the view with a scratch of its own: this state lives in the view's
+        # scratch, and holding the view itself would make a reference cycle that only
+        # the garbage collector frees (several views a report, each with this state's
+        # figures: most of what the daemon's collector then had to do).
+        self.step = replace(step)
+        self.seen_until_s = step.seen_until_s
         # What computing one context token costs on this engine: the parameter if set,
         # else the figure learned from the engine's steps, else the default.
         if params.prefill_s_per_token is not None:
@@ -97,15 +103,16 @@ class StepState:
         self._pressure: Pressure | None = None
         self._waiting_price: float | None = None
         self._pin_price: float | None = None
+        self._waiting_jobs: frozenset[str] | None = None
         self.admission: AdmissionOrder | None = None
         self.victims: Ordering | None = None
-        # Per (pin, price): its best plan.
-        self.values: dict[tuple[str, float], PinValue] = {}
-        # Per pin: its tool's conditional outlook and where the distribution came from.
-        self.outlooks: dict[str, tuple[Outlook, str]] = {}
-        # Per pin: P(its job is back within the longest horizon), where no outlook is
-        # known.
+        # Per price, per pin: what its best plan is worth.
+        self.values: dict[float, dict[str, float]] = {}
+        # Per pin: P(its job is back within the longest horizon).
         self.p_returns: dict[str, float] = {}
+        # Per tool (None: none announced): the distribution its pins are valued by and
+        # where it came from.
+        self.distributions: dict[str | None, tuple[ToolTimeDistribution | None, str]] = {}
 
     @property
     def valuation(self) -> Valuation:
@@ -140,13 +147,21 @@ class StepState:
         self.waiting_price()  # every step, so its forecast sees them all
         if self._pin_price is None:
             step = self.step
+            # Generators: read only while contexts are released (rarely with memory idle).
             released = self.memory.released.blocks(
                 step.engine_id, step.now_s,
-                back_jobs=[r.job_id for r in (*step.waiting, *step.running)],
-                pinned_jobs=[pin.job_id for pin in step.pins])
+                back_jobs=(r.job_id for r in itertools.chain(step.waiting, step.running)),
+                pinned_jobs=(pin.job_id for pin in step.pins))
             price = price_with_released(self.pressure, self.params.memory_price, released)
             self._pin_price = self.memory.pin_price.update(step.engine_id, step.now_s, price)
         return self._pin_price
+
+    @property
+    def waiting_jobs(self) -> frozenset[str]:
+        """The jobs with a request waiting (their pins are about to be used)."""
+        if self._waiting_jobs is None:
+            self._waiting_jobs = frozenset(r.job_id for r in self.step.waiting)
+        return self._waiting_jobs
 
     def remember_released(self, job_id: str, blocks: int) -> None:
         """The job's context of ``blocks`` blocks was let go of while its job is in a
