@@ -18,6 +18,10 @@ from sidecar.policies.adaptive.reasons import CreditScope, Reason, Rule
 from sidecar.policies.adaptive.state import StepState
 from sidecar.policies.base import blocks_to_admit, job_first_arrivals
 
+# Attribute readers that run in C: a step reads them once a request.
+_request_id = operator.attrgetter("request_id")
+_arrival_s = operator.attrgetter("arrival_s")
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionOrder:
@@ -31,7 +35,7 @@ class AdmissionOrder:
 
 def order_waiting(state: StepState) -> Ordering:
     order = admission_order(state)
-    ids = tuple(r.request_id for r in order.ordered)
+    ids = tuple(map(_request_id, order.ordered))
     params = state.params
     if order.keeping_up:
         return Ordering(ids, Reason(Rule.ARRIVAL_ORDER,
@@ -91,7 +95,7 @@ def fair_share_s(state: StepState, fcfs_factor: float = 1.0) -> float:
     counts admissions."""
     step = state.step
     rate_per_s = state.memory.admissions.update(
-        step.engine_id, step.now_s, frozenset(r.request_id for r in step.running))
+        step.engine_id, step.now_s, frozenset(map(_request_id, step.running)))
     fcfs_rate_per_s = rate_per_s * fcfs_factor
     little_s = len(step.waiting) / fcfs_rate_per_s if fcfs_rate_per_s > 0.0 else 0.0
     return max(little_s, state.params.min_fair_share_s)
@@ -154,9 +158,6 @@ def _keeping_up(state: StepState) -> bool:
     return oldest_wait_s <= state.params.min_fair_share_s
 
 
-_arrival_s = operator.attrgetter("arrival_s")
-
-
 def _admission_order(state: StepState) -> AdmissionOrder:
     """Overdue requests first, oldest first; then the jobs holding a pin, oldest job
     first (the turn uses the pin and frees it, and no new job takes its blocks); then
@@ -210,7 +211,7 @@ def _admission_order(state: StepState) -> AdmissionOrder:
             ranks.append(2)
             firsts.append(arrival_s)
         seconds.append(arrival_s)
-    ids = [request.request_id for request in waiting]
+    ids = list(map(_request_id, waiting))
     order = sorted(range(len(ids)), key=ids.__getitem__)
     order.sort(key=seconds.__getitem__)
     order.sort(key=firsts.__getitem__)

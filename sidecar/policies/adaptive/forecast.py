@@ -28,6 +28,7 @@ starts it afresh. All go when the daemon forgets the engine (``PerEngine.forget`
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +38,7 @@ from typing import Generic, TypeVar
 from sidecar.framework.types import RequestView
 
 _State = TypeVar("_State")
+_request_id = operator.attrgetter("request_id")
 
 
 class PerEngine(Generic[_State]):
@@ -184,8 +186,9 @@ class ArrivalOrderClock(PerEngine[_Clock]):
             if clock is None or now_s < clock.at_s:
                 # First step, or a clock that went back (engine restarted): afresh.
                 clock = self._engines[engine_id] = _Clock(now_s)
-            running_ids = {r.request_id for r in running}
-            live = {r.request_id for r in waiting} | running_ids
+            running_ids = set(map(_request_id, running))
+            live = set(map(_request_id, waiting))
+            live.update(running_ids)
             # Set differences first: most steps bring few new or admitted requests.
             new_ids = live - clock.live
             if new_ids:
@@ -330,8 +333,8 @@ class ReleasedContexts(PerEngine[dict[str, tuple[int, float]]]):
             released = self._engines.get(engine_id)
             if not released:
                 return 0
-            for job_id in back_jobs:
-                released.pop(job_id, None)
+            for job_id in set(back_jobs) & released.keys():
+                del released[job_id]
             pinned = set(pinned_jobs)
             total = 0
             for job_id, (blocks, at_s) in list(released.items()):

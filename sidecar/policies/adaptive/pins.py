@@ -90,7 +90,6 @@ def release_under_pressure(state: StepState) -> PinRelease:
     if not step.pins:
         return PinRelease((), "")
     waiting_jobs = state.waiting_jobs
-    pin_by_id = {pin.request_id: pin for pin in step.pins}
     if price > 0.0:
         released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
                     and _value_s(state, pin, price) <= 0.0]
@@ -122,6 +121,7 @@ def release_under_pressure(state: StepState) -> PinRelease:
             freed += pin.blocks
     if not released:
         return PinRelease((), "")
+    pin_by_id = {pin.request_id: pin for pin in step.pins}
     priorities = {rid: _soft_priority(state, _p_return(state, pin_by_id[rid]))
                   for rid in released}
     for rid in released:

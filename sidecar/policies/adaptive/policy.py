@@ -11,6 +11,7 @@ and the parameters.
 
 from __future__ import annotations
 
+import operator
 from typing import ClassVar
 
 from sidecar.framework.types import (
@@ -31,6 +32,8 @@ from sidecar.policies.base import NativePolicy, PolicyParams, job_level_victims
 
 # AdaptiveParams is defined in params.py and importable from here too.
 __all__ = ["AdaptiveParams", "AdaptivePolicy"]
+
+_request_id = operator.attrgetter("request_id")
 
 
 class AdaptivePolicy(NativePolicy):
@@ -76,7 +79,7 @@ class AdaptivePolicy(NativePolicy):
         smallest, so preempting it wastes least)."""
         state = self._state(step)
         if state.victims is None:
-            state.victims = Ordering(tuple(r.request_id for r in job_level_victims(step)),
+            state.victims = Ordering(tuple(map(_request_id, job_level_victims(step))),
                                      Reason(Rule.VICTIMS).text())
         return state.victims
 
@@ -85,8 +88,10 @@ class AdaptivePolicy(NativePolicy):
     def on_finish(self, finished: FinishInput) -> RetainDecision:
         decision = pins.on_finish(self._state(finished.step), finished)
         if self.params.provisional_cache == "auto" and not finished.request.is_last_step:
-            self._memory.pin_shares.setdefault(finished.step.engine_id, PinShare()).record(
-                decision.action is RetainAction.PIN)
+            share = self._memory.pin_shares.get(finished.step.engine_id)
+            if share is None:
+                share = self._memory.pin_shares[finished.step.engine_id] = PinShare()
+            share.record(decision.action is RetainAction.PIN)
         return decision
 
     def release_under_pressure(self, step: StepView) -> PinRelease:

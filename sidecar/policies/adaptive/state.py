@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ from sidecar.policies.adaptive.value import (
     price_with_released,
 )
 from sidecar.policies.adaptive.waiting import PinShare
+
+_job_id = operator.attrgetter("job_id")
 
 if TYPE_CHECKING:
     from sidecar.policies.adaptive.admission import AdmissionOrder
@@ -147,11 +150,11 @@ class StepState:
         self.waiting_price()  # every step, so its forecast sees them all
         if self._pin_price is None:
             step = self.step
-            # Generators: read only while contexts are released (rarely with memory idle).
+            # Lazy: read only while contexts are released (rarely with memory idle).
             released = self.memory.released.blocks(
                 step.engine_id, step.now_s,
-                back_jobs=(r.job_id for r in itertools.chain(step.waiting, step.running)),
-                pinned_jobs=(pin.job_id for pin in step.pins))
+                back_jobs=map(_job_id, itertools.chain(step.waiting, step.running)),
+                pinned_jobs=map(_job_id, step.pins))
             price = price_with_released(self.pressure, self.params.memory_price, released)
             self._pin_price = self.memory.pin_price.update(step.engine_id, step.now_s, price)
         return self._pin_price
@@ -160,7 +163,7 @@ class StepState:
     def waiting_jobs(self) -> frozenset[str]:
         """The jobs with a request waiting (their pins are about to be used)."""
         if self._waiting_jobs is None:
-            self._waiting_jobs = frozenset(r.job_id for r in self.step.waiting)
+            self._waiting_jobs = frozenset(map(_job_id, self.step.waiting))
         return self._waiting_jobs
 
     def remember_released(self, job_id: str, blocks: int) -> None:

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from sidecar.framework.types import RequestView, StepView, ToolTimeDistribution
 from sidecar.policies.base import blocks_to_admit, pinned_blocks_by_job
 
 
-@dataclass(frozen=True, slots=True)
-class Pressure:
-    """Memory pressure at one step."""
+class Pressure(NamedTuple):
+    """Memory pressure at one step (a named tuple: one is built for every view of a
+    step)."""
 
     free_blocks: int
     # Blocks the waiting requests still need (beyond their job's pins).
@@ -97,9 +96,9 @@ class PinValue(NamedTuple):
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class Valuation:
-    """Inputs that do not depend on the pin."""
+class Valuation(NamedTuple):
+    """Inputs that do not depend on the pin (a named tuple: one is built for every view
+    of a step)."""
 
     prefill_s_per_token: float
     horizons_s: Sequence[float]
