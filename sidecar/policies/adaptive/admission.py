@@ -119,15 +119,12 @@ def overdue_request_ids(state: StepState, multiple: float) -> set[str]:
     least_s = state.params.min_fair_share_s
     now_s = step.now_s
     due_get = due_at_s.get
-    overdue = set()
-    for request in step.waiting:
-        share_s = now_share_s
-        due_s = due_get(request.request_id)
-        if due_s is not None:
-            share_s = min(share_s, max(due_s - request.arrival_s, least_s))
-        if now_s - request.arrival_s > multiple * share_s:
-            overdue.add(request.request_id)
-    return overdue
+    # The bound of a request arrival order has not reached yet (most of them).
+    not_due_bound_s = multiple * now_share_s
+    return {request.request_id for request in step.waiting
+            if now_s - request.arrival_s > (
+                not_due_bound_s if (due_s := due_get(request.request_id)) is None
+                else multiple * min(now_share_s, max(due_s - request.arrival_s, least_s)))}
 
 
 def _fcfs_weigh(state: StepState) -> Callable[[list[RequestView]], float]:
@@ -180,20 +177,23 @@ def _admission_order(state: StepState) -> AdmissionOrder:
     every_one = credit_scope(state, prefill_share(state)) == "all"
     free_blocks = step.kv.free_blocks
     block_tokens = step.kv.block_size_tokens
-    # The order is by (rank, first, second, request id), rank 0: overdue, by arrival;
-    # 1: the job holds a pin, by its first arrival then arrival; 2: by credited age
-    # then arrival. Sorted one component at a time, least significant first (each
-    # sort stable): no key tuple a request for the garbage collector to count.
+    # A prompt of at most this many tokens fits whatever it has computed
+    # (blocks_to_admit <= its prompt's blocks): most do, without the call.
+    fitting_tokens = free_blocks * block_tokens
+    # Overdue requests first, by (arrival, id); then the others by (rank, first,
+    # arrival, id), rank 1: the job holds a pin, first its first arrival; 2: first its
+    # credited age. Each part sorted one key at a time, least significant first (every
+    # sort stable), by keys read in C: no key tuple a request for the garbage
+    # collector to count.
+    head: list[RequestView] = []
+    rest: list[RequestView] = []
     ranks: list[int] = []
     firsts: list[float] = []
-    seconds: list[float] = []
     for request in waiting:
-        arrival_s = request.arrival_s
         if request.request_id in overdue:
-            ranks.append(0)
-            firsts.append(arrival_s)
-            seconds.append(0.0)
+            head.append(request)
             continue
+        rest.append(request)
         job = jobs.get(request.job_id)
         if job is not None:
             first_s = job.first_arrival_s
@@ -204,17 +204,21 @@ def _admission_order(state: StepState) -> AdmissionOrder:
         if request.job_id in pinned_jobs:
             ranks.append(1)
             firsts.append(first_s)
-        elif every_one or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
+        elif (every_one or request.prompt_tokens <= fitting_tokens
+              or blocks_to_admit(request, block_tokens, 0) <= free_blocks):
             ranks.append(2)
-            firsts.append(max(first_s, arrival_s - credit_s))
+            firsts.append(max(first_s, request.arrival_s - credit_s))
         else:
             ranks.append(2)
-            firsts.append(arrival_s)
-        seconds.append(arrival_s)
-    ids = list(map(_request_id, waiting))
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    order.sort(key=seconds.__getitem__)
+            firsts.append(request.arrival_s)
+    head.sort(key=_request_id)
+    head.sort(key=_arrival_s)
+    ids = list(map(_request_id, rest))
+    arrivals_s = list(map(_arrival_s, rest))
+    order = sorted(range(len(rest)), key=ids.__getitem__)
+    order.sort(key=arrivals_s.__getitem__)
     order.sort(key=firsts.__getitem__)
     order.sort(key=ranks.__getitem__)
-    ordered = [waiting[index] for index in order]
+    head.extend(rest[index] for index in order)
+    ordered = head
     return AdmissionOrder(ordered, len(overdue), False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from dataclasses import replace
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from sidecar.framework.types import Ordering, RequestView, StepView, ToolTimeDistribution
@@ -34,6 +34,9 @@ from sidecar.policies.adaptive.value import (
 from sidecar.policies.adaptive.waiting import PinShare
 
 _job_id = operator.attrgetter("job_id")
+# A view's fields in the order its constructor takes them (every field a copy needs;
+# twice as quick as dataclasses.replace).
+_view_fields = operator.attrgetter(*(f.name for f in fields(StepView) if f.init))
 
 if TYPE_CHECKING:
     from sidecar.policies.adaptive.admission import AdmissionOrder
@@ -80,10 +83,9 @@ class StepState:
     pins changed feeds them again at the same ``now_s``, which adds no time to their
     averages."""
 
-    __slots__ = ("_pin_price", "_pressure", "_valuation", "_waiting_jobs", "_waiting_price",
-                 "admission",
-                 "distributions", "memory", "p_returns", "params",
-                 "prefill_s_per_token", "seen_until_s", "step", "values", "victims")
+    __slots__ = ("_pin_price", "_pressure", "_waiting_jobs", "_waiting_price", "admission",
+                 "distributions", "memory", "p_returns", "params", "prefill_s_per_token",
+                 "seen_until_s", "step", "valuation", "values", "victims")
 
     def __init__(self, params: AdaptiveParams, memory: EngineMemory, step: StepView) -> None:
         self.params = params
@@ -92,7 +94,7 @@ class StepState:
         # scratch, and holding the view itself would make a reference cycle that only
         # the garbage collector frees (several views a report, each with this state's
         # figures: most of what the daemon's collector then had to do).
-        self.step = replace(step)
+        self.step = StepView(*_view_fields(step))
         self.seen_until_s = step.seen_until_s
         # What computing one context token costs on this engine: the parameter if set,
         # else the figure learned from the engine's steps, else the default.
@@ -102,7 +104,6 @@ class StepState:
             self.prefill_s_per_token = step.engine_cost.prefill_s_per_token
         else:
             self.prefill_s_per_token = DEFAULT_PREFILL_S_PER_TOKEN
-        self._valuation: Valuation | None = None
         self._pressure: Pressure | None = None
         self._waiting_price: float | None = None
         self._pin_price: float | None = None
@@ -116,14 +117,9 @@ class StepState:
         # Per tool (None: none announced): the distribution its pins are valued by and
         # where it came from.
         self.distributions: dict[str | None, tuple[ToolTimeDistribution | None, str]] = {}
-
-    @property
-    def valuation(self) -> Valuation:
-        if self._valuation is None:
-            p = self.params
-            self._valuation = Valuation(self.prefill_s_per_token, p.horizons_s,
-                                        p.cold_start_probability, p.cold_start_horizon_s)
-        return self._valuation
+        # What valuing any pin of this step reads.
+        self.valuation = Valuation(self.prefill_s_per_token, params.horizons_s,
+                                   params.cold_start_probability, params.cold_start_horizon_s)
 
     @property
     def pressure(self) -> Pressure:
