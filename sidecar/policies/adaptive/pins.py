@@ -24,10 +24,10 @@ from sidecar.policies.adaptive.admission import admission_order
 from sidecar.policies.adaptive.reasons import Reason, Rule
 from sidecar.policies.adaptive.state import StepState
 from sidecar.policies.adaptive.value import (
-    best_plan,
     outlook_of,
     p_return_of,
     pin_value,
+    plan_value_s,
     recompute_s,
     retention_priority,
 )
@@ -239,16 +239,10 @@ def _p_return(state: StepState, pin: PinView) -> float:
 
 
 def _compute_value_s(state: StepState, pin: PinView, price: float) -> float:
-    # The outlook is not kept: a pin is valued at one price a step but in a rare step,
-    # and each outlook kept would hold a tuple a horizon until the step ends (the
-    # garbage collector counts them).
     distribution, _ = _distribution(state, pin)
-    outlook = outlook_of(state.valuation, distribution, _tool_elapsed_s(state, pin))
-    if pin.request_id not in state.p_returns:
-        state.p_returns[pin.request_id] = outlook[-1][0]
     kv = state.step.kv
-    return best_plan(state.valuation, outlook, pin.blocks * kv.block_size_tokens, pin.blocks,
-                     kv.total_blocks, price)[0]
+    return plan_value_s(state.valuation, distribution, _tool_elapsed_s(state, pin),
+                        pin.blocks * kv.block_size_tokens, pin.blocks, kv.total_blocks, price)
 
 
 def _soft_priority(state: StepState, p_return: float) -> int:

@@ -171,6 +171,33 @@ def best_plan(valuation: Valuation, outlook: Outlook, context_tokens: int, block
     return best_value_s, best_horizon_s
 
 
+def plan_value_s(valuation: Valuation, distribution: ToolTimeDistribution | None,
+                 elapsed_s: float, context_tokens: int, blocks: int, total_blocks: int,
+                 price: float) -> float:
+    """The value of :func:`best_plan` on ``outlook_of(valuation, distribution,
+    elapsed_s)``, exactly, without building the cold-start outlook: what re-valuing a
+    pin every step reads."""
+    if distribution is not None and distribution.count > 0:
+        outlook = distribution.conditional_outlook(elapsed_s, valuation.horizons_s)
+        return best_plan(valuation, outlook, context_tokens, blocks, total_blocks, price)[0]
+    left_s = max(valuation.cold_start_horizon_s - elapsed_s, 0.0)
+    if left_s <= 0.0:  # every horizon (0, 0): worth 0 x recompute - cost x 0, never > 0
+        return 0.0
+    recompute_s = context_tokens * valuation.prefill_s_per_token
+    share = blocks / total_blocks if total_blocks > 0 else 0.0
+    cost_per_held_s = price * share
+    p = valuation.cold_start_probability
+    # Every horizon from left_s on has the outlook (p, left_s), so the same value.
+    past_value_s = p * recompute_s - cost_per_held_s * left_s
+    best_value_s = 0.0
+    for horizon_s in valuation.horizons_s:
+        value_s = (past_value_s if horizon_s >= left_s
+                   else p * horizon_s / left_s * recompute_s - cost_per_held_s * horizon_s)
+        if value_s > best_value_s:
+            best_value_s = value_s
+    return best_value_s
+
+
 def recompute_s(request: RequestView, prefill_s_per_token: float) -> float:
     """Prefill seconds a request's prompt costs again if its KV is lost."""
     return max(request.prompt_tokens, request.computed_tokens) * prefill_s_per_token
