@@ -97,7 +97,8 @@ def measure_policies(daemons: dict[str, tuple[str, int]], reports: list[bytes],
     """Per policy, its daemon's throughput (``measure``) with 1, 4 and 16 engines;
     ``daemons`` maps each policy to its daemon's (address, pid). At each engine count
     the policies take turns, ``rounds`` times, so that they share the machine's
-    conditions; each point is the round with the median CPU per report."""
+    conditions; each point is the round with the median CPU per report, and lists
+    every round's CPU per report (``cpu_us_per_report_by_round``)."""
     by_policy: dict[str, list[dict[str, Any]]] = {policy: [] for policy in daemons}
     for count in ENGINE_COUNTS:
         points: dict[str, list[dict[str, Any]]] = {policy: [] for policy in daemons}
@@ -108,7 +109,9 @@ def measure_policies(daemons: dict[str, tuple[str, int]], reports: list[bytes],
                 points[policy].append(measure(address, pid, reports, count, duration_s))
         for policy, measured in points.items():
             ranked = sorted(measured, key=_cpu_per_report)
-            by_policy[policy].append({**ranked[(len(ranked) - 1) // 2], "rounds": rounds})
+            by_policy[policy].append({
+                **ranked[(len(ranked) - 1) // 2], "rounds": rounds,
+                "cpu_us_per_report_by_round": [_cpu_per_report(m) for m in measured]})
     return by_policy
 
 
@@ -118,18 +121,28 @@ def _cpu_per_report(point: dict[str, Any]) -> float:
 
 
 def cpu_ratios(by_policy: dict[str, list[dict[str, Any]]]) -> dict[str, list[float | None]]:
-    """Each other policy's daemon CPU per report over the first policy's, per engine
-    count: ``{"adaptive/continuum": [r1, r4, r16]}`` for policies adaptive, continuum."""
+    """The first policy's daemon CPU per report over each other's, per engine count:
+    ``{"adaptive/continuum": [r1, r4, r16]}`` for policies adaptive, continuum. Each is
+    the median of the rounds' ratios, a round's two points measured back to back (a
+    load that comes and goes on a shared machine moves both alike)."""
     policies = list(by_policy)
     first = policies[0]
     ratios: dict[str, list[float | None]] = {}
     for other in policies[1:]:
         ratios[f"{first}/{other}"] = [
-            mine["daemon_cpu_us_per_report"] / theirs["daemon_cpu_us_per_report"]
-            if mine["daemon_cpu_us_per_report"] and theirs["daemon_cpu_us_per_report"]
-            else None
+            _paired_median(mine["cpu_us_per_report_by_round"],
+                           theirs["cpu_us_per_report_by_round"])
             for mine, theirs in zip(by_policy[first], by_policy[other], strict=True)]
     return ratios
+
+
+def _paired_median(mine: list[float], theirs: list[float]) -> float | None:
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True)
+                    if math.isfinite(a) and math.isfinite(b) and b > 0)
+    if not ratios:
+        return None
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def print_throughput(by_policy: dict[str, list[dict[str, Any]]]) -> None:
