@@ -39,6 +39,10 @@ from sidecar.policies.base import (
     tool_distribution,
 )
 
+# The reasons that read no figure, rendered once.
+_PRESSURE_ORDER = Reason(Rule.PRESSURE_ORDER).text()
+_HORIZON_OVER = Reason(Rule.HORIZON_OVER).text()
+
 
 def on_finish(state: StepState, finished: FinishInput) -> RetainDecision:
     """A last step is released. Otherwise the pin is valued at elapsed 0 and the pin
@@ -189,7 +193,7 @@ def order_pins_under_pressure(state: StepState, victims: Ordering) -> PressureOr
             cheap.append(((job_waits, value_per_block, pin.request_id), pin.request_id))
     cheap.sort(key=lambda keyed: keyed[0])
     return PressureOrder(tuple(request_id for _, request_id in cheap), None,
-                         Reason(Rule.PRESSURE_ORDER).text())
+                         _PRESSURE_ORDER)
 
 
 def expire(state: StepState) -> PinRelease:
@@ -197,8 +201,8 @@ def expire(state: StepState) -> PinRelease:
     until, and whose job has no request waiting. Expired at ``now_s``, a pin whose
     horizon ran out during the step just reported would go while its job may be back,
     not shown yet."""
-    expired = expired_unless_job_waits(state.step, state.step.seen_until_s)
-    return PinRelease(expired, Reason(Rule.HORIZON_OVER).text() if expired else "")
+    expired = expired_unless_job_waits(state.step, state.seen_until_s, state.waiting_jobs)
+    return PinRelease(expired, _HORIZON_OVER if expired else "")
 
 
 # --- a pin's value and P(back), once per step ------------------------------------------
@@ -232,7 +236,8 @@ def _p_return(state: StepState, pin: PinView) -> float:
     two look-ups, where a full valuation takes one per horizon."""
     p_return = state.p_returns.get(pin.request_id)
     if p_return is None:
-        distribution, _ = _distribution(state, pin)
+        known = state.distributions.get(pin.tool)  # _distribution's, without the call
+        distribution = (known if known is not None else _distribution(state, pin))[0]
         p_return = state.p_returns[pin.request_id] = p_return_of(
             state.valuation, distribution, _tool_elapsed_s(state, pin))
     return p_return

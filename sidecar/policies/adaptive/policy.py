@@ -34,6 +34,7 @@ from sidecar.policies.base import NativePolicy, PolicyParams, job_level_victims
 __all__ = ["AdaptiveParams", "AdaptivePolicy"]
 
 _request_id = operator.attrgetter("request_id")
+_VICTIMS_REASON = Reason(Rule.VICTIMS).text()
 
 
 class AdaptivePolicy(NativePolicy):
@@ -80,7 +81,7 @@ class AdaptivePolicy(NativePolicy):
         state = self._state(step)
         if state.victims is None:
             state.victims = Ordering(tuple(map(_request_id, job_level_victims(step))),
-                                     Reason(Rule.VICTIMS).text())
+                                     _VICTIMS_REASON)
         return state.victims
 
     # --- pins -----------------------------------------------------------------------------
