@@ -24,6 +24,7 @@ from sidecar.policies.adaptive.admission import admission_order
 from sidecar.policies.adaptive.reasons import Reason, Rule
 from sidecar.policies.adaptive.state import StepState
 from sidecar.policies.adaptive.value import (
+    best_plan,
     outlook_of,
     p_return_of,
     pin_value,
@@ -245,9 +246,20 @@ def _p_return(state: StepState, pin: PinView) -> float:
 
 def _compute_value_s(state: StepState, pin: PinView, price: float) -> float:
     distribution, _ = _distribution(state, pin)
+    elapsed_s = _tool_elapsed_s(state, pin)
     kv = state.step.kv
-    return plan_value_s(state.valuation, distribution, _tool_elapsed_s(state, pin),
-                        pin.blocks * kv.block_size_tokens, pin.blocks, kv.total_blocks, price)
+    context_tokens = pin.blocks * kv.block_size_tokens
+    if distribution is None or distribution.count == 0:  # the cold start: no outlook
+        return plan_value_s(state.valuation, None, elapsed_s, context_tokens, pin.blocks,
+                            kv.total_blocks, price)
+    # Kept for the step: a pin is valued at the pin price and at the full price when
+    # memory is short.
+    outlook = state.outlooks.get(pin.request_id)
+    if outlook is None:
+        outlook = state.outlooks[pin.request_id] = outlook_of(state.valuation, distribution,
+                                                              elapsed_s)
+    return best_plan(state.valuation, outlook, context_tokens, pin.blocks, kv.total_blocks,
+                     price)[0]
 
 
 def _soft_priority(state: StepState, p_return: float) -> int:

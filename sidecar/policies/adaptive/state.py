@@ -26,6 +26,7 @@ from sidecar.policies.adaptive.forecast import (
 )
 from sidecar.policies.adaptive.params import DEFAULT_PREFILL_S_PER_TOKEN, AdaptiveParams
 from sidecar.policies.adaptive.value import (
+    Outlook,
     Pressure,
     Valuation,
     memory_pressure,
@@ -84,8 +85,9 @@ class StepState:
     averages."""
 
     __slots__ = ("_pin_price", "_pressure", "_waiting_jobs", "_waiting_price", "admission",
-                 "distributions", "memory", "p_returns", "params", "prefill_s_per_token",
-                 "seen_until_s", "step", "valuation", "values", "victims")
+                 "distributions", "memory", "outlooks", "p_returns", "params",
+                 "prefill_s_per_token", "seen_until_s", "step", "valuation", "values",
+                 "victims")
 
     def __init__(self, params: AdaptiveParams, memory: EngineMemory, step: StepView) -> None:
         self.params = params
@@ -114,6 +116,8 @@ class StepState:
         self.values: dict[float, dict[str, float]] = {}
         # Per pin: P(its job is back within the longest horizon).
         self.p_returns: dict[str, float] = {}
+        # Per pin whose tool has samples: its tool's conditional outlook.
+        self.outlooks: dict[str, Outlook] = {}
         # Per tool (None: none announced): the distribution its pins are valued by and
         # where it came from.
         self.distributions: dict[str | None, tuple[ToolTimeDistribution | None, str]] = {}
