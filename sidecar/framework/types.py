@@ -288,7 +288,9 @@ class StepScratch:
     the same step reads again (a price, an admission order) is kept here, not behind
     the caller's back. Every ``StepView`` starts with an empty one, and so does a view
     derived with ``dataclasses.replace`` (the runtime derives one when pins change
-    within a step). Each user keys its entries by itself (a policy: ``self``)."""
+    within a step). Each user keys its entries by itself (a policy: ``self``). An
+    entry that holds the view itself makes a reference cycle that only the garbage
+    collector frees: hold a copy (``dataclasses.replace(view)``) or the fields."""
 
     __slots__ = ("_entries",)
 
