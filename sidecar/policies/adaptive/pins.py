@@ -184,17 +184,27 @@ def order_pins_under_pressure(state: StepState, victims: Ordering) -> PressureOr
     waiting_jobs = state.waiting_jobs
     block_tokens = step.kv.block_size_tokens
     prefill_s_per_token = state.prefill_s_per_token
-    # (sort key, pin id) of each cheap pin: P(back) x its re-compute below the victim's.
-    cheap: list[tuple[tuple[bool, float, str], str]] = []
+    p_returns = state.p_returns
+    # The cheap pins (P(back) x their re-compute below the victim's), ordered by (job
+    # waits, value per block, id): sorted one key at a time, least significant first.
+    ids: list[str] = []
+    values_per_block: list[float] = []
+    jobs_wait: list[bool] = []
     for pin in step.pins:
         job_waits = pin.job_id in waiting_jobs
-        p_back = 1.0 if job_waits else _p_return(state, pin)
+        if job_waits:
+            p_back = 1.0
+        else:
+            known = p_returns.get(pin.request_id)  # _p_return's, without the call
+            p_back = known if known is not None else _p_return(state, pin)
         if p_back * (pin.blocks * block_tokens * prefill_s_per_token) < victim_cost_s:
-            value_per_block = _value_s(state, pin, price) / max(pin.blocks, 1)
-            cheap.append(((job_waits, value_per_block, pin.request_id), pin.request_id))
-    cheap.sort(key=lambda keyed: keyed[0])
-    return PressureOrder(tuple(request_id for _, request_id in cheap), None,
-                         _PRESSURE_ORDER)
+            ids.append(pin.request_id)
+            values_per_block.append(_value_s(state, pin, price) / max(pin.blocks, 1))
+            jobs_wait.append(job_waits)
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    order.sort(key=values_per_block.__getitem__)
+    order.sort(key=jobs_wait.__getitem__)
+    return PressureOrder(tuple([ids[index] for index in order]), None, _PRESSURE_ORDER)
 
 
 def expire(state: StepState) -> PinRelease:
