@@ -17,7 +17,13 @@ import math
 
 import pytest
 
-from sidecar.policies.adaptive.value import Valuation, best_plan, outlook_of, plan_value_s
+from sidecar.policies.adaptive.value import (
+    Valuation,
+    best_plan,
+    outlook_of,
+    p_return_of,
+    plan_value_s,
+)
 from sidecar.policies.registry import build_policy
 from tests.support.adaptive_trace import GOLDEN, SCENARIOS, Scenario, run
 from tests.unit.builders import distribution
@@ -57,7 +63,7 @@ def test_a_steps_state_is_freed_with_its_view_not_left_to_the_collector() -> Non
 
 def test_a_pins_value_without_its_outlook_is_the_value_of_its_outlook() -> None:
     """Re-valuing a pin every step skips building the cold-start outlook; the value
-    must be the one the outlook gives, to the last bit."""
+    and P(back) must be the ones the outlook gives, to the last bit."""
     valuation = Valuation(1e-4, (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0), 0.5, 2.0)
     sampled = distribution("ls", [0.08, 0.1, 0.12, 0.5, 1.5, 3.0])
     for tool_times in (None, sampled):
@@ -65,6 +71,7 @@ def test_a_pins_value_without_its_outlook_is_the_value_of_its_outlook() -> None:
             for price in (0.0, 0.3, 1.0):
                 for blocks in (1, 40, 900):
                     outlook = outlook_of(valuation, tool_times, elapsed_s)
+                    assert p_return_of(valuation, tool_times, elapsed_s) == outlook[-1][0]
                     expected = best_plan(valuation, outlook, blocks * 16, blocks, 1000, price)[0]
                     got = plan_value_s(valuation, tool_times, elapsed_s, blocks * 16, blocks,
                                        1000, price)
