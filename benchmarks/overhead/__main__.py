@@ -1,11 +1,19 @@
 """Overhead benchmark: the plugin's engine-thread cost and the daemon's throughput.
 
-    .venv/bin/python -m benchmarks.overhead [--steps 600] [--seconds 10]
+    .venv/bin/python -m benchmarks.overhead [--steps 600] [--seconds 10] \
+        [--policy adaptive --policy continuum] [--reports REPORTS.bin]
 
 Writes benchmarks/results/overhead/overhead.json and overhead.png, and prints a table.
 Targets (issue): added time <= 10% of vLLM's own schedule() + update_from_output() at
 150 running / 200 waiting; decision lag <= 1 step at p99; >= 1,000 step reports/s per
 daemon core.
+
+With several ``--policy``, the engine steps run against the first one's daemon (put a
+policy that reads the waiting demand first, so the recorded reports carry it), and the
+daemon throughput is measured for each policy's daemon on the same recorded reports,
+the policies taking turns at each engine count; the table then gives each other
+policy's daemon CPU per report over the first's. ``--reports`` skips the engine steps
+and replays reports an earlier run recorded (``reports.bin`` beside its JSON).
 """
 
 from __future__ import annotations
@@ -35,6 +43,45 @@ def _start_daemon(tcp: str, unix_socket: str, policy: str) -> subprocess.Popen[b
     return process
 
 
+def _replay_only(args: argparse.Namespace, policies: list[str]) -> int:
+    """The daemon throughput of each policy on reports recorded by an earlier run."""
+    from benchmarks.overhead.daemon_throughput import (
+        cpu_ratios,
+        measure_policies,
+        print_throughput,
+    )
+    from benchmarks.overhead.decide_replay import read_reports
+    from tests.support.redis_server import free_port
+
+    recorded = read_reports(args.reports)
+    scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))
+    started: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+    try:
+        for policy in policies:
+            address = f"127.0.0.1:{free_port()}"
+            started[policy] = (address, _start_daemon(address, str(scratch / f"{policy}.sock"),
+                                                      policy))
+        throughput = measure_policies(
+            {policy: (address, process.pid) for policy, (address, process) in started.items()},
+            recorded, args.seconds, args.rounds)
+    finally:
+        for _, process in started.values():
+            process.terminate()
+            process.wait(timeout=30)
+    result = {
+        "command": "python -m benchmarks.overhead " + " ".join(sys.argv[1:]),
+        "versions": _versions(),
+        "reports": len(recorded),
+        "daemon_throughput": throughput,
+        "daemon_cpu_ratio": cpu_ratios(throughput),
+    }
+    write_result(args.out / "throughput.json", result)
+    print(f"{len(recorded)} recorded reports from {args.reports}")
+    print_throughput(throughput)
+    print(f"\nwrote {args.out / 'throughput.json'}")
+    return 0
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
@@ -59,7 +106,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     left.set_ylabel("engine-thread ms per step\n(schedule + update_from_output)")
     left.set_title("150 running / 200 waiting, vLLM's real scheduler")
     left.legend()
-    throughput = result["daemon_throughput"]
+    throughput = result["daemon_throughput"][result["load"]["policy"]]
     right.plot([t["engines"] for t in throughput], [t["reports_per_s"] for t in throughput],
                marker="o", label="reports/s (this 2-core box)")
     right.plot([t["engines"] for t in throughput],
@@ -82,13 +129,29 @@ def main() -> int:
                         help="simulated forward pass per step (not timed; 0 = none)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="duration of each daemon-throughput point")
-    parser.add_argument("--policy", default="continuum",
-                        help="the daemon's policy (adaptive: the plugin also counts the "
-                             "waiting demand, which only adaptive reads)")
+    parser.add_argument("--policy", action="append", dest="policies",
+                        help="a daemon's policy, repeatable (default: continuum); the engine "
+                             "steps run against the first (adaptive: the plugin also counts "
+                             "the waiting demand, which only adaptive reads)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="daemon-throughput points per policy and engine count (the "
+                             "median is reported)")
+    parser.add_argument("--reports", type=Path,
+                        help="replay these recorded reports (reports.bin) for the daemon "
+                             "throughput only, skipping the engine steps")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    policies: list[str] = list(dict.fromkeys(args.policies or ["continuum"]))
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     sys.path.insert(0, str(ROOT))
-    from benchmarks.overhead.daemon_throughput import measure
+    if args.reports is not None:
+        return _replay_only(args, policies)
+    from benchmarks.overhead.daemon_throughput import (
+        cpu_ratios,
+        measure_policies,
+        print_throughput,
+    )
     from benchmarks.overhead.engine_step import (
         MODES,
         LoadShape,
@@ -103,7 +166,13 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="kvtether-overhead-"))
     tcp = f"127.0.0.1:{free_port()}"
     unix_socket = str(scratch / "kvtether.sock")
-    daemon = _start_daemon(tcp, unix_socket, args.policy)
+    daemon = _start_daemon(tcp, unix_socket, policies[0])
+    # Each other policy's daemon, for the throughput only: (address, process).
+    others: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}
+    for policy in policies[1:]:
+        address = f"127.0.0.1:{free_port()}"
+        others[policy] = (address, _start_daemon(address, str(scratch / f"{policy}.sock"),
+                                                 policy))
     shape = LoadShape()
     base_env: dict[str, str] = {}
     addresses = {"plugin_tcp": tcp, "plugin_unix": f"unix:{unix_socket}",
@@ -142,13 +211,14 @@ def main() -> int:
         engine_step = summarize(engines)
         for engine in engines.values():
             engine.sched.shutdown()
-        throughput = []
-        for count in (1, 4, 16):
-            print(f"  daemon throughput with {count} engines", file=sys.stderr)
-            throughput.append(measure(tcp, daemon.pid, recorded, count, args.seconds))
+        daemons = {policies[0]: (tcp, daemon.pid),
+                   **{policy: (address, process.pid)
+                      for policy, (address, process) in others.items()}}
+        throughput = measure_policies(daemons, recorded, args.seconds, args.rounds)
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        for process in (daemon, *(process for _, process in others.values())):
+            process.terminate()
+            process.wait(timeout=30)
 
     result = {
         "command": "python -m benchmarks.overhead " + " ".join(sys.argv[1:]),
@@ -156,9 +226,10 @@ def main() -> int:
         "load": {"running": shape.running, "waiting": shape.waiting,
                  "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "block_size": shape.block_size, "num_blocks": shape.num_blocks,
-                 "policy": args.policy, "forward_ms": args.forward_ms},
+                 "policy": policies[0], "forward_ms": args.forward_ms},
         "engine_step": engine_step,
         "daemon_throughput": throughput,
+        "daemon_cpu_ratio": cpu_ratios(throughput),
     }
     write_result(args.out / "overhead.json", result)
     # For benchmarks/overhead/decide_replay.py: the decision path alone, tree against tree.
@@ -181,14 +252,9 @@ def main() -> int:
               f"{entry['added_ms_p99']:>12.3f} {entry['added_ratio_p50']:>9.1%} "
               f"{entry['decision_lag_steps_p99']!s:>7} {entry['fallback_steps']:>8} "
               f"{counts:>13}")
-    print(f"daemon policy {args.policy}; demand counts: the waiting-demand count's p50 time, "
+    print(f"daemon policy {policies[0]}; demand counts: the waiting-demand count's p50 time, "
           "x counts per step")
-    print(f"\n{'engines':>7} {'reports/s':>10} {'per core':>9} {'cpu us/report':>13} "
-          f"{'RSS MiB':>8}")
-    for entry in throughput:
-        print(f"{entry['engines']:>7} {entry['reports_per_s']:>10.0f} "
-              f"{entry['reports_per_s_per_daemon_core']:>9.0f} "
-              f"{entry['daemon_cpu_us_per_report']:>13.0f} {entry['daemon_rss_mib']:>8.0f}")
+    print_throughput(throughput)
     print(f"\nwrote {args.out / 'overhead.json'}, {args.out / 'overhead.png'} and the "
           f"{len(recorded)} reports replayed, {args.out / 'reports.bin'}")
     return 0

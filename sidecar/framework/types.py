@@ -201,12 +201,41 @@ class ToolTimeDistribution:
         alive, start = self._survival_and_integral(elapsed_s)
         if alive <= 0.0:
             return tuple((0.0, max(h, 0.0)) for h in horizons_s)
+        # _survival_and_integral inlined, and min/max as comparisons (the same values,
+        # NaN included): a policy asks this for every pin at every step.
+        corners = self._corners_s
+        survival = self._survival
+        integral = self._integral_s
+        last = len(corners)
         outlook: list[tuple[float, float]] = []
         for horizon_s in horizons_s:
-            horizon_s = max(horizon_s, 0.0)
-            later, end = self._survival_and_integral(elapsed_s + horizon_s)
-            outlook.append((min(max(1.0 - later / alive, 0.0), 1.0),
-                            min(max((end - start) / alive, 0.0), horizon_s)))
+            if horizon_s < 0.0:
+                horizon_s = 0.0
+            t_s = elapsed_s + horizon_s
+            if t_s <= 0.0:
+                later, end = 1.0, 0.0
+            else:
+                position = bisect.bisect_right(corners, t_s)
+                if position >= last:  # past the last sample: S is 0 from there on
+                    later, end = survival[-1], integral[-1]
+                else:
+                    left = position - 1
+                    x0, x1 = corners[left], corners[position]
+                    s0 = survival[left]
+                    fraction = (t_s - x0) / (x1 - x0) if x1 > x0 else 0.0
+                    later = s0 + (survival[position] - s0) * fraction
+                    end = integral[left] + (t_s - x0) * (s0 + later) / 2.0
+            back = 1.0 - later / alive
+            if back < 0.0:
+                back = 0.0
+            if back > 1.0:
+                back = 1.0
+            held_s = (end - start) / alive
+            if held_s < 0.0:
+                held_s = 0.0
+            if held_s > horizon_s:
+                held_s = horizon_s
+            outlook.append((back, held_s))
             if later <= 0.0:  # past every sample: longer horizons change nothing
                 outlook.extend([outlook[-1]] * (len(horizons_s) - len(outlook)))
                 break
@@ -259,7 +288,9 @@ class StepScratch:
     the same step reads again (a price, an admission order) is kept here, not behind
     the caller's back. Every ``StepView`` starts with an empty one, and so does a view
     derived with ``dataclasses.replace`` (the runtime derives one when pins change
-    within a step). Each user keys its entries by itself (a policy: ``self``)."""
+    within a step). Each user keys its entries by itself (a policy: ``self``). An
+    entry that holds the view itself makes a reference cycle that only the garbage
+    collector frees: hold a copy (``dataclasses.replace(view)``) or the fields."""
 
     __slots__ = ("_entries",)
 

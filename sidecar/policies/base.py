@@ -17,7 +17,7 @@ the hooks of one step lives in ``StepView.scratch``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -222,11 +222,13 @@ def job_level_victims(step: StepView) -> list[RequestView]:
     return sorted(step.running, key=key, reverse=True)
 
 
-def expired_unless_job_waits(step: StepView, until_s: float | None = None
-                             ) -> tuple[str, ...]:
+def expired_unless_job_waits(step: StepView, until_s: float | None = None,
+                             waiting_jobs: Collection[str] | None = None) -> tuple[str, ...]:
     """Pins whose time is up by ``until_s`` (``now_s`` unless given) and whose job
-    has no request waiting (a waiting request is about to reuse its job's pin)."""
-    waiting_jobs = {r.job_id for r in step.waiting}
+    has no request waiting (a waiting request is about to reuse its job's pin;
+    ``waiting_jobs``: those jobs, when the caller has them already)."""
+    if waiting_jobs is None:
+        waiting_jobs = {r.job_id for r in step.waiting}
     until_s = step.now_s if until_s is None else until_s
     return tuple(p.request_id for p in step.pins
                  if p.expires_at_s <= until_s and p.job_id not in waiting_jobs)

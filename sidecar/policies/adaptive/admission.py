@@ -9,13 +9,18 @@ request by its job's age, credited at most ``credit_s`` (README.md, "Admission")
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.framework.types import Ordering, RequestView
 from sidecar.policies.adaptive.reasons import CreditScope, Reason, Rule
 from sidecar.policies.adaptive.state import StepState
-from sidecar.policies.base import blocks_to_admit, job_level_waiting_key
+from sidecar.policies.base import blocks_to_admit, job_first_arrivals
+
+# Attribute readers that run in C: a step reads them once a request.
+_request_id = operator.attrgetter("request_id")
+_arrival_s = operator.attrgetter("arrival_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +35,7 @@ class AdmissionOrder:
 
 def order_waiting(state: StepState) -> Ordering:
     order = admission_order(state)
-    ids = tuple(r.request_id for r in order.ordered)
+    ids = tuple(map(_request_id, order.ordered))
     params = state.params
     if order.keeping_up:
         return Ordering(ids, Reason(Rule.ARRIVAL_ORDER,
@@ -90,17 +95,19 @@ def fair_share_s(state: StepState, fcfs_factor: float = 1.0) -> float:
     counts admissions."""
     step = state.step
     rate_per_s = state.memory.admissions.update(
-        step.engine_id, step.now_s, frozenset(r.request_id for r in step.running))
+        step.engine_id, step.now_s, frozenset(map(_request_id, step.running)))
     fcfs_rate_per_s = rate_per_s * fcfs_factor
     little_s = len(step.waiting) / fcfs_rate_per_s if fcfs_rate_per_s > 0.0 else 0.0
     return max(little_s, state.params.min_fair_share_s)
 
 
-def fair_shares_s(state: StepState) -> dict[str, float]:
-    """Each waiting request's fair share: the lesser of the wait arrival order gives a
-    request arriving now (``fair_share_s``) and, once arrival order would have
-    admitted this one, the wait it gave it (``ArrivalOrderClock``, fixed once due: it
-    does not grow with a backlog that built after the request arrived); at least
+def overdue_request_ids(state: StepState, multiple: float) -> set[str]:
+    """The waiting requests that have waited more than ``multiple`` fair shares.
+
+    A request's fair share: the lesser of the wait arrival order gives a request
+    arriving now (``fair_share_s``) and, once arrival order would have admitted this
+    one, the wait it gave it (``ArrivalOrderClock``, fixed once due: it does not grow
+    with a backlog that built after the request arrived); at least
     ``min_fair_share_s``. Both count the engine's admissions at what they are worth to
     FCFS, which re-computes what this engine kept when memory is short and so admits
     fewer (``FcfsRecompute``)."""
@@ -110,14 +117,14 @@ def fair_shares_s(state: StepState) -> dict[str, float]:
                                            step.running, _fcfs_weigh(state))
     now_share_s = fair_share_s(state, memory.fcfs_recompute.factor(step.engine_id))
     least_s = state.params.min_fair_share_s
-    shares = {}
-    for request in step.waiting:
-        share_s = now_share_s
-        due_s = due_at_s.get(request.request_id)
-        if due_s is not None:
-            share_s = min(share_s, max(due_s - request.arrival_s, least_s))
-        shares[request.request_id] = share_s
-    return shares
+    now_s = step.now_s
+    due_get = due_at_s.get
+    # The bound of a request arrival order has not reached yet (most of them).
+    not_due_bound_s = multiple * now_share_s
+    return {request.request_id for request in step.waiting
+            if now_s - request.arrival_s > (
+                not_due_bound_s if (due_s := due_get(request.request_id)) is None
+                else multiple * min(now_share_s, max(due_s - request.arrival_s, least_s)))}
 
 
 def _fcfs_weigh(state: StepState) -> Callable[[list[RequestView]], float]:
@@ -142,7 +149,9 @@ def _keeping_up(state: StepState) -> bool:
     if state.pressure.price > 0.0:
         return False
     step = state.step
-    oldest_wait_s = max((step.now_s - r.arrival_s for r in step.waiting), default=0.0)
+    # now_s - the earliest arrival: the longest wait, exactly (subtraction is monotone).
+    oldest_wait_s = (step.now_s - min(map(_arrival_s, step.waiting)) if step.waiting
+                     else 0.0)
     return oldest_wait_s <= state.params.min_fair_share_s
 
 
@@ -154,30 +163,62 @@ def _admission_order(state: StepState) -> AdmissionOrder:
     saturation only a request that fits in the free blocks is credited; one that does
     not keeps its place in arrival order."""
     step = state.step
-    multiple = overdue_multiple(state)
-    shares_s = fair_shares_s(state)
-    overdue = {r.request_id for r in step.waiting
-               if step.now_s - r.arrival_s > multiple * shares_s[r.request_id]}
+    overdue = overdue_request_ids(state, overdue_multiple(state))
     if _keeping_up(state):
         # Nothing to protect: arrival order, as FCFS (oldest first, overdue or not).
         ordered = sorted(step.waiting, key=lambda r: (r.arrival_s, r.request_id))
         return AdmissionOrder(ordered, len(overdue), True)
-    job_level = job_level_waiting_key(step)
+    waiting = step.waiting
+    jobs = step.jobs
+    # Jobs the tracker sent no view for (rare): job_first_arrivals' fallback.
+    untracked_first_s: dict[str, float] | None = None
+    pinned_jobs = {pin.job_id for pin in step.pins}
     credit_s = state.params.credit_s
     every_one = credit_scope(state, prefill_share(state)) == "all"
     free_blocks = step.kv.free_blocks
     block_tokens = step.kv.block_size_tokens
-
-    def key(request: RequestView) -> tuple[float, ...]:
+    # A prompt of at most this many tokens fits whatever it has computed
+    # (blocks_to_admit <= its prompt's blocks): most do, without the call.
+    fitting_tokens = free_blocks * block_tokens
+    # Overdue requests first, by (arrival, id); then the others by (rank, first,
+    # arrival, id), rank 1: the job holds a pin, first its first arrival; 2: first its
+    # credited age. Each part sorted one key at a time, least significant first (every
+    # sort stable), by keys read in C: no key tuple a request for the garbage
+    # collector to count.
+    head: list[RequestView] = []
+    rest: list[RequestView] = []
+    ranks: list[int] = []
+    firsts: list[float] = []
+    for request in waiting:
         if request.request_id in overdue:
-            return (0, request.arrival_s)
-        job_pinless, first_s, arrival_s, _ = job_level(request)
-        if job_pinless:
-            if every_one or blocks_to_admit(request, block_tokens, 0) <= free_blocks:
-                return (2, max(first_s, arrival_s - credit_s), arrival_s)
-            return (2, arrival_s, arrival_s)
-        return (1, first_s, arrival_s)
-
-    # Ties (equal keys) are broken by request id: the order is total.
-    ordered = sorted(sorted(step.waiting, key=lambda r: r.request_id), key=key)
+            head.append(request)
+            continue
+        rest.append(request)
+        job = jobs.get(request.job_id)
+        if job is not None:
+            first_s = job.first_arrival_s
+        else:
+            if untracked_first_s is None:
+                untracked_first_s = job_first_arrivals(step, waiting)
+            first_s = untracked_first_s[request.job_id]
+        if request.job_id in pinned_jobs:
+            ranks.append(1)
+            firsts.append(first_s)
+        elif (every_one or request.prompt_tokens <= fitting_tokens
+              or blocks_to_admit(request, block_tokens, 0) <= free_blocks):
+            ranks.append(2)
+            firsts.append(max(first_s, request.arrival_s - credit_s))
+        else:
+            ranks.append(2)
+            firsts.append(request.arrival_s)
+    head.sort(key=_request_id)
+    head.sort(key=_arrival_s)
+    ids = list(map(_request_id, rest))
+    arrivals_s = list(map(_arrival_s, rest))
+    order = sorted(range(len(rest)), key=ids.__getitem__)
+    order.sort(key=arrivals_s.__getitem__)
+    order.sort(key=firsts.__getitem__)
+    order.sort(key=ranks.__getitem__)
+    head.extend(rest[index] for index in order)
+    ordered = head
     return AdmissionOrder(ordered, len(overdue), False)

@@ -13,7 +13,7 @@ at it looks free until the next request arrives and waits on it. The best foreca
 of the price over the next seconds is its recent average: an exponential average over
 time, each step's price weighted by how long it lasted.
 
-The last three set the bound on waiting (policy.py, ``fair_shares_s``). By Little's
+The last three set the bound on waiting (admission.py, ``overdue_request_ids``). By Little's
 law a queue of L requests that the engine admits at λ a second holds each for L / λ
 seconds in arrival order: the wait FCFS would give a request arriving now. For a
 request that has waited a while, the arrival-order clock says when FCFS would have
@@ -28,6 +28,7 @@ starts it afresh. All go when the daemon forgets the engine (``PerEngine.forget`
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +38,7 @@ from typing import Generic, TypeVar
 from sidecar.framework.types import RequestView
 
 _State = TypeVar("_State")
+_request_id = operator.attrgetter("request_id")
 
 
 class PerEngine(Generic[_State]):
@@ -184,12 +186,17 @@ class ArrivalOrderClock(PerEngine[_Clock]):
             if clock is None or now_s < clock.at_s:
                 # First step, or a clock that went back (engine restarted): afresh.
                 clock = self._engines[engine_id] = _Clock(now_s)
-            live = {r.request_id for r in waiting}
-            live.update(r.request_id for r in running)
-            arrived = sorted((r for r in (*waiting, *running) if r.request_id not in clock.live),
-                             key=lambda r: (r.arrival_s, r.request_id))
-            clock.queue.extend(r.request_id for r in arrived)
-            admitted = [r for r in running if r.request_id not in clock.admitted]
+            running_ids = set(map(_request_id, running))
+            live = set(map(_request_id, waiting))
+            live.update(running_ids)
+            # Set differences first: most steps bring few new or admitted requests.
+            new_ids = live - clock.live
+            if new_ids:
+                arrived = sorted((r for r in (*waiting, *running) if r.request_id in new_ids),
+                                 key=lambda r: (r.arrival_s, r.request_id))
+                clock.queue.extend(r.request_id for r in arrived)
+            admitted = ([r for r in running if r.request_id not in clock.admitted]
+                        if running_ids - clock.admitted else [])
             clock.admitted.update(r.request_id for r in admitted)
             if admitted:
                 clock.unmatched += len(admitted) * (weigh(admitted) if weigh else 1.0)

@@ -24,9 +24,11 @@ from sidecar.policies.adaptive.admission import admission_order
 from sidecar.policies.adaptive.reasons import Reason, Rule
 from sidecar.policies.adaptive.state import StepState
 from sidecar.policies.adaptive.value import (
-    PinValue,
+    best_plan,
     outlook_of,
+    p_return_of,
     pin_value,
+    plan_value_s,
     recompute_s,
     retention_priority,
 )
@@ -38,6 +40,10 @@ from sidecar.policies.base import (
     superseded_pins,
     tool_distribution,
 )
+
+# The reasons that read no figure, rendered once.
+_PRESSURE_ORDER = Reason(Rule.PRESSURE_ORDER).text()
+_HORIZON_OVER = Reason(Rule.HORIZON_OVER).text()
 
 
 def on_finish(state: StepState, finished: FinishInput) -> RetainDecision:
@@ -94,11 +100,10 @@ def release_under_pressure(state: StepState) -> PinRelease:
     step = state.step
     if not step.pins:
         return PinRelease((), "")
-    waiting_jobs = {r.job_id for r in step.waiting}
-    pin_by_id = {pin.request_id: pin for pin in step.pins}
+    waiting_jobs = state.waiting_jobs
     if price > 0.0:
         released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
-                    and _value(state, pin, price).value_s <= 0.0]
+                    and _value_s(state, pin, price) <= 0.0]
     else:  # memory idle: a pin costs nothing unless its job is not coming back
         released = [pin.request_id for pin in step.pins if pin.job_id not in waiting_jobs
                     and _p_return(state, pin) <= 0.0]
@@ -107,17 +112,18 @@ def release_under_pressure(state: StepState) -> PinRelease:
     head = _forced_head(state)
     if head is not None:
         head_job, shortfall_blocks = head
-        freed = sum(p.blocks for p in step.pins if p.request_id in set(released))
+        released_ids = set(released)
+        freed = sum(p.blocks for p in step.pins if p.request_id in released_ids)
         # Pins of jobs in a tool, least valuable per block first (a pin whose job's
         # next turn waits is about to be used). An idle engine also takes the pins of
         # other waiting jobs, last: when every pin's job waits and none fits, they
         # would wait on each other until the engine's backstop (max_pin_s) freed them.
         idle = not step.running and step.kv.admission_stalled
         candidates = sorted(
-            (p for p in step.pins if p.request_id not in released
+            (p for p in step.pins if p.request_id not in released_ids
              and p.job_id != head_job and (idle or p.job_id not in waiting_jobs)),
             key=lambda p: (p.job_id in waiting_jobs,
-                           _value(state, p, price).value_s / max(p.blocks, 1),
+                           _value_s(state, p, price) / max(p.blocks, 1),
                            p.request_id))
         for pin in candidates:
             if freed >= shortfall_blocks:
@@ -126,6 +132,7 @@ def release_under_pressure(state: StepState) -> PinRelease:
             freed += pin.blocks
     if not released:
         return PinRelease((), "")
+    pin_by_id = {pin.request_id: pin for pin in step.pins}
     priorities = {rid: _soft_priority(state, _p_return(state, pin_by_id[rid]))
                   for rid in released}
     for rid in released:
@@ -174,26 +181,36 @@ def order_pins_under_pressure(state: StepState, victims: Ordering) -> PressureOr
     step = state.step
     if not step.pins:
         return PressureOrder((), None, "")
-    running = {r.request_id: r for r in step.running}
     victim_ids = victims.request_ids
-    victim_cost_s = (recompute_s(running[victim_ids[0]], state.prefill_s_per_token)
-                     if victim_ids else math.inf)
+    victim_cost_s = math.inf
+    if victim_ids:
+        first_victim = next(r for r in step.running if r.request_id == victim_ids[0])
+        victim_cost_s = recompute_s(first_victim, state.prefill_s_per_token)
     price = state.params.memory_price
-    waiting_jobs = {r.job_id for r in step.waiting}
-
-    def p_back(pin: PinView) -> float:
-        return 1.0 if pin.job_id in waiting_jobs else _p_return(state, pin)
-
-    def pin_recompute_s(pin: PinView) -> float:
-        return pin.blocks * step.kv.block_size_tokens * state.prefill_s_per_token
-
-    cheap = sorted(
-        (pin for pin in step.pins if p_back(pin) * pin_recompute_s(pin) < victim_cost_s),
-        key=lambda pin: (pin.job_id in waiting_jobs,
-                         _value(state, pin, price).value_s / max(pin.blocks, 1),
-                         pin.request_id))
-    return PressureOrder(tuple(pin.request_id for pin in cheap), None,
-                         Reason(Rule.PRESSURE_ORDER).text())
+    waiting_jobs = state.waiting_jobs
+    block_tokens = step.kv.block_size_tokens
+    prefill_s_per_token = state.prefill_s_per_token
+    p_returns = state.p_returns
+    # The cheap pins (P(back) x their re-compute below the victim's), ordered by (job
+    # waits, value per block, id): sorted one key at a time, least significant first.
+    ids: list[str] = []
+    values_per_block: list[float] = []
+    jobs_wait: list[bool] = []
+    for pin in step.pins:
+        job_waits = pin.job_id in waiting_jobs
+        if job_waits:
+            p_back = 1.0
+        else:
+            known = p_returns.get(pin.request_id)  # _p_return's, without the call
+            p_back = known if known is not None else _p_return(state, pin)
+        if p_back * (pin.blocks * block_tokens * prefill_s_per_token) < victim_cost_s:
+            ids.append(pin.request_id)
+            values_per_block.append(_value_s(state, pin, price) / max(pin.blocks, 1))
+            jobs_wait.append(job_waits)
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    order.sort(key=values_per_block.__getitem__)
+    order.sort(key=jobs_wait.__getitem__)
+    return PressureOrder(tuple([ids[index] for index in order]), None, _PRESSURE_ORDER)
 
 
 def expire(state: StepState) -> PinRelease:
@@ -201,65 +218,64 @@ def expire(state: StepState) -> PinRelease:
     until, and whose job has no request waiting. Expired at ``now_s``, a pin whose
     horizon ran out during the step just reported would go while its job may be back,
     not shown yet."""
-    expired = expired_unless_job_waits(state.step, state.step.seen_until_s)
-    return PinRelease(expired, Reason(Rule.HORIZON_OVER).text() if expired else "")
+    expired = expired_unless_job_waits(state.step, state.seen_until_s, state.waiting_jobs)
+    return PinRelease(expired, _HORIZON_OVER if expired else "")
 
 
 # --- a pin's value and P(back), once per step ------------------------------------------
 
 
-def _value(state: StepState, pin: PinView, price: float) -> PinValue:
-    key = (pin.request_id, price)
-    value = state.values.get(key)
-    if value is None:
-        value = state.values[key] = _compute_value(state, pin, price)
-    return value
+def _value_s(state: StepState, pin: PinView, price: float) -> float:
+    """What the pin's best plan is worth at ``price`` (<= 0: release it)."""
+    values = state.values.get(price)
+    if values is None:
+        values = state.values[price] = {}
+    value_s = values.get(pin.request_id)
+    if value_s is None:
+        value_s = values[pin.request_id] = _compute_value_s(state, pin, price)
+    return value_s
 
 
 def _distribution(state: StepState, pin: PinView) -> tuple[ToolTimeDistribution | None, str]:
-    step = state.step
-    own = step.tool_times.get(pin.tool) if pin.tool else None
-    return tool_distribution(pin.tool, own, step.global_tool_times, state.params.min_samples)
+    """The distribution the pin's tool is valued by, and where it came from: once a
+    step per tool (the pins of one tool share it)."""
+    known = state.distributions.get(pin.tool)
+    if known is None:
+        step = state.step
+        own = step.tool_times.get(pin.tool) if pin.tool else None
+        known = state.distributions[pin.tool] = tool_distribution(
+            pin.tool, own, step.global_tool_times, state.params.min_samples)
+    return known
 
 
 def _p_return(state: StepState, pin: PinView) -> float:
     """P(the pin's job is back within the longest horizon | its tool's elapsed time):
     two look-ups, where a full valuation takes one per horizon."""
-    known = state.outlooks.get(pin.request_id)
-    if known is not None:
-        return known[0][-1][0]
     p_return = state.p_returns.get(pin.request_id)
     if p_return is None:
-        p_return = state.p_returns[pin.request_id] = _compute_p_return(state, pin)
+        known = state.distributions.get(pin.tool)  # _distribution's, without the call
+        distribution = (known if known is not None else _distribution(state, pin))[0]
+        p_return = state.p_returns[pin.request_id] = p_return_of(
+            state.valuation, distribution, _tool_elapsed_s(state, pin))
     return p_return
 
 
-def _compute_p_return(state: StepState, pin: PinView) -> float:
+def _compute_value_s(state: StepState, pin: PinView, price: float) -> float:
     distribution, _ = _distribution(state, pin)
     elapsed_s = _tool_elapsed_s(state, pin)
-    if distribution is None or distribution.count == 0:
-        outlook = outlook_of(state.valuation, None, elapsed_s)
-        return outlook[-1][0] if outlook else 0.0
-    return distribution.probability_within_given(elapsed_s, state.params.longest_horizon_s)
-
-
-def _compute_value(state: StepState, pin: PinView, price: float) -> PinValue:
-    known = state.outlooks.get(pin.request_id)
-    if known is None:
-        distribution, source = _distribution(state, pin)
-        known = state.outlooks[pin.request_id] = (
-            outlook_of(state.valuation, distribution, _tool_elapsed_s(state, pin)), source)
-    outlook, source = known
-    step = state.step
-    return pin_value(
-        state.valuation,
-        outlook,
-        context_tokens=pin.blocks * step.kv.block_size_tokens,
-        blocks=pin.blocks,
-        total_blocks=step.kv.total_blocks,
-        price=price,
-        source=source,
-    )
+    kv = state.step.kv
+    context_tokens = pin.blocks * kv.block_size_tokens
+    if distribution is None or distribution.count == 0:  # the cold start: no outlook
+        return plan_value_s(state.valuation, None, elapsed_s, context_tokens, pin.blocks,
+                            kv.total_blocks, price)
+    # Kept for the step: a pin is valued at the pin price and at the full price when
+    # memory is short.
+    outlook = state.outlooks.get(pin.request_id)
+    if outlook is None:
+        outlook = state.outlooks[pin.request_id] = outlook_of(state.valuation, distribution,
+                                                              elapsed_s)
+    return best_plan(state.valuation, outlook, context_tokens, pin.blocks, kv.total_blocks,
+                     price)[0]
 
 
 def _soft_priority(state: StepState, p_return: float) -> int:
@@ -273,4 +289,4 @@ def _tool_elapsed_s(state: StepState, pin: PinView) -> float:
     the step just reported is not in it yet; valued at ``now_s`` its tool would have
     run past every sample, and the pin be released a step before the job's next turn
     showed."""
-    return max(state.step.seen_until_s - pin.pinned_at_s, 0.0)
+    return max(state.seen_until_s - pin.pinned_at_s, 0.0)

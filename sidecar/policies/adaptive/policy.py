@@ -11,6 +11,7 @@ and the parameters.
 
 from __future__ import annotations
 
+import operator
 from typing import ClassVar
 
 from sidecar.framework.types import (
@@ -31,6 +32,9 @@ from sidecar.policies.base import NativePolicy, PolicyParams, has_no_job, job_le
 
 # AdaptiveParams is defined in params.py and importable from here too.
 __all__ = ["AdaptiveParams", "AdaptivePolicy"]
+
+_request_id = operator.attrgetter("request_id")
+_VICTIMS_REASON = Reason(Rule.VICTIMS).text()
 
 
 class AdaptivePolicy(NativePolicy):
@@ -76,8 +80,8 @@ class AdaptivePolicy(NativePolicy):
         smallest, so preempting it wastes least)."""
         state = self._state(step)
         if state.victims is None:
-            state.victims = Ordering(tuple(r.request_id for r in job_level_victims(step)),
-                                     Reason(Rule.VICTIMS).text())
+            state.victims = Ordering(tuple(map(_request_id, job_level_victims(step))),
+                                     _VICTIMS_REASON)
         return state.victims
 
     # --- pins -----------------------------------------------------------------------------
@@ -88,8 +92,10 @@ class AdaptivePolicy(NativePolicy):
         # The share of finishes pinned counts the turns the engine holds: a job's.
         if (self.params.provisional_cache == "auto" and not request.is_last_step
                 and not has_no_job(request)):
-            self._memory.pin_shares.setdefault(finished.step.engine_id, PinShare()).record(
-                decision.action is RetainAction.PIN)
+            share = self._memory.pin_shares.get(finished.step.engine_id)
+            if share is None:
+                share = self._memory.pin_shares[finished.step.engine_id] = PinShare()
+            share.record(decision.action is RetainAction.PIN)
         return decision
 
     def release_under_pressure(self, step: StepView) -> PinRelease:

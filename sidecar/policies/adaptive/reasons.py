@@ -4,8 +4,7 @@ text Explain shows in one place (``Reason.text``)."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # Which waiting requests of jobs holding no pin are credited their job's age.
 CreditScope = Literal["all", "fitting"]
@@ -27,10 +26,9 @@ class Rule(enum.Enum):
     HORIZON_OVER = "horizon_over"  # expire
 
 
-@dataclass(frozen=True, slots=True)
-class Reason:
+class Reason(NamedTuple):
     """A rule and the figures it read; fields a rule does not read keep their
-    defaults."""
+    defaults. A named tuple: every hook builds one, every step."""
 
     rule: Rule
     # order_waiting

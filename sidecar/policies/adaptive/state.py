@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from sidecar.framework.types import Ordering, RequestView, StepView
+from sidecar.framework.types import Ordering, RequestView, StepView, ToolTimeDistribution
 from sidecar.policies.adaptive.forecast import (
     AdmissionRate,
     ArrivalOrderClock,
@@ -24,13 +27,17 @@ from sidecar.policies.adaptive.forecast import (
 from sidecar.policies.adaptive.params import DEFAULT_PREFILL_S_PER_TOKEN, AdaptiveParams
 from sidecar.policies.adaptive.value import (
     Outlook,
-    PinValue,
     Pressure,
     Valuation,
     memory_pressure,
     price_with_released,
 )
 from sidecar.policies.adaptive.waiting import PinShare
+
+_job_id = operator.attrgetter("job_id")
+# A view's fields in the order its constructor takes them (every field a copy needs;
+# twice as quick as dataclasses.replace).
+_view_fields = operator.attrgetter(*(f.name for f in fields(StepView) if f.init))
 
 if TYPE_CHECKING:
     from sidecar.policies.adaptive.admission import AdmissionOrder
@@ -77,14 +84,20 @@ class StepState:
     pins changed feeds them again at the same ``now_s``, which adds no time to their
     averages."""
 
-    __slots__ = ("_pin_price", "_pressure", "_valuation", "_waiting_price", "admission",
-                 "memory", "outlooks", "p_returns", "params", "prefill_s_per_token", "step",
-                 "values", "victims")
+    __slots__ = ("_pin_price", "_pressure", "_waiting_jobs", "_waiting_price", "admission",
+                 "distributions", "memory", "outlooks", "p_returns", "params",
+                 "prefill_s_per_token", "seen_until_s", "step", "valuation", "values",
+                 "victims")
 
     def __init__(self, params: AdaptiveParams, memory: EngineMemory, step: StepView) -> None:
         self.params = params
         self.memory = memory
-        self.step = step
+        # A copy of the view with a scratch of its own: this state lives in the view's
+        # scratch, and holding the view itself would make a reference cycle that only
+        # the garbage collector frees (several views a report, each with this state's
+        # figures: most of what the daemon's collector then had to do).
+        self.step = StepView(*_view_fields(step))
+        self.seen_until_s = step.seen_until_s
         # What computing one context token costs on this engine: the parameter if set,
         # else the figure learned from the engine's steps, else the default.
         if params.prefill_s_per_token is not None:
@@ -93,27 +106,24 @@ class StepState:
             self.prefill_s_per_token = step.engine_cost.prefill_s_per_token
         else:
             self.prefill_s_per_token = DEFAULT_PREFILL_S_PER_TOKEN
-        self._valuation: Valuation | None = None
         self._pressure: Pressure | None = None
         self._waiting_price: float | None = None
         self._pin_price: float | None = None
+        self._waiting_jobs: frozenset[str] | None = None
         self.admission: AdmissionOrder | None = None
         self.victims: Ordering | None = None
-        # Per (pin, price): its best plan.
-        self.values: dict[tuple[str, float], PinValue] = {}
-        # Per pin: its tool's conditional outlook and where the distribution came from.
-        self.outlooks: dict[str, tuple[Outlook, str]] = {}
-        # Per pin: P(its job is back within the longest horizon), where no outlook is
-        # known.
+        # Per price, per pin: what its best plan is worth.
+        self.values: dict[float, dict[str, float]] = {}
+        # Per pin: P(its job is back within the longest horizon).
         self.p_returns: dict[str, float] = {}
-
-    @property
-    def valuation(self) -> Valuation:
-        if self._valuation is None:
-            p = self.params
-            self._valuation = Valuation(self.prefill_s_per_token, p.horizons_s,
-                                        p.cold_start_probability, p.cold_start_horizon_s)
-        return self._valuation
+        # Per pin whose tool has samples: its tool's conditional outlook.
+        self.outlooks: dict[str, Outlook] = {}
+        # Per tool (None: none announced): the distribution its pins are valued by and
+        # where it came from.
+        self.distributions: dict[str | None, tuple[ToolTimeDistribution | None, str]] = {}
+        # What valuing any pin of this step reads.
+        self.valuation = Valuation(self.prefill_s_per_token, params.horizons_s,
+                                   params.cold_start_probability, params.cold_start_horizon_s)
 
     @property
     def pressure(self) -> Pressure:
@@ -140,13 +150,21 @@ class StepState:
         self.waiting_price()  # every step, so its forecast sees them all
         if self._pin_price is None:
             step = self.step
+            # Lazy: read only while contexts are released (rarely with memory idle).
             released = self.memory.released.blocks(
                 step.engine_id, step.now_s,
-                back_jobs=[r.job_id for r in (*step.waiting, *step.running)],
-                pinned_jobs=[pin.job_id for pin in step.pins])
+                back_jobs=map(_job_id, itertools.chain(step.waiting, step.running)),
+                pinned_jobs=map(_job_id, step.pins))
             price = price_with_released(self.pressure, self.params.memory_price, released)
             self._pin_price = self.memory.pin_price.update(step.engine_id, step.now_s, price)
         return self._pin_price
+
+    @property
+    def waiting_jobs(self) -> frozenset[str]:
+        """The jobs with a request waiting (their pins are about to be used)."""
+        if self._waiting_jobs is None:
+            self._waiting_jobs = frozenset(map(_job_id, self.step.waiting))
+        return self._waiting_jobs
 
     def remember_released(self, job_id: str, blocks: int) -> None:
         """The job's context of ``blocks`` blocks was let go of while its job is in a

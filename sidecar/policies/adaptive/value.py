@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sidecar.framework.types import RequestView, StepView, ToolTimeDistribution
 from sidecar.policies.base import blocks_to_admit, pinned_blocks_by_job
 
 
-@dataclass(frozen=True, slots=True)
-class Pressure:
-    """Memory pressure at one step."""
+class Pressure(NamedTuple):
+    """Memory pressure at one step (a named tuple: one is built for every view of a
+    step)."""
 
     free_blocks: int
     # Blocks the waiting requests still need (beyond their job's pins).
@@ -84,9 +84,9 @@ def price_with_released(waiting: Pressure, memory_price: float, released_blocks:
     return memory_price * (wanted - waiting.free_blocks) / wanted
 
 
-@dataclass(frozen=True, slots=True)
-class PinValue:
-    """The best plan for one pin: keep it ``horizon_s`` more (0: release now)."""
+class PinValue(NamedTuple):
+    """The best plan for one pin: keep it ``horizon_s`` more (0: release now). A named
+    tuple: one is built for every pin valued at every step."""
 
     value_s: float  # engine seconds saved by the best plan (<= 0: release)
     horizon_s: float
@@ -96,9 +96,9 @@ class PinValue:
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class Valuation:
-    """Inputs that do not depend on the pin."""
+class Valuation(NamedTuple):
+    """Inputs that do not depend on the pin (a named tuple: one is built for every view
+    of a step)."""
 
     prefill_s_per_token: float
     horizons_s: Sequence[float]
@@ -116,10 +116,26 @@ def outlook_of(valuation: Valuation, distribution: ToolTimeDistribution | None,
     horizon, nothing after it)."""
     if distribution is None or distribution.count == 0:
         left_s = max(valuation.cold_start_horizon_s - elapsed_s, 0.0)
-        p = valuation.cold_start_probability if left_s > 0 else 0.0
-        return tuple((p if h >= left_s else p * h / left_s if left_s > 0 else 0.0,
-                      min(h, left_s)) for h in valuation.horizons_s)
+        if left_s <= 0.0:  # past the cold-start horizon: not expected back
+            return ((0.0, 0.0),) * len(valuation.horizons_s)
+        p = valuation.cold_start_probability
+        return tuple([(p, left_s) if h >= left_s else (p * h / left_s, h)
+                      for h in valuation.horizons_s])
     return distribution.conditional_outlook(elapsed_s, valuation.horizons_s)
+
+
+def p_return_of(valuation: Valuation, distribution: ToolTimeDistribution | None,
+                elapsed_s: float) -> float:
+    """P(back within the longest horizon | ran elapsed_s): the last entry of
+    :func:`outlook_of`, without the other horizons'."""
+    if distribution is None or distribution.count == 0:
+        left_s = max(valuation.cold_start_horizon_s - elapsed_s, 0.0)
+        if left_s <= 0.0:
+            return 0.0
+        longest_s = valuation.horizons_s[-1]
+        p = valuation.cold_start_probability
+        return p if longest_s >= left_s else p * longest_s / left_s
+    return distribution.probability_within_given(elapsed_s, valuation.horizons_s[-1])
 
 
 def pin_value(
@@ -134,15 +150,52 @@ def pin_value(
 ) -> PinValue:
     """The best horizon for a pin of ``blocks`` blocks keeping ``context_tokens``
     tokens, given its tool's ``outlook`` (:func:`outlook_of`), at memory ``price``."""
-    recompute_s = context_tokens * valuation.prefill_s_per_token
-    share = blocks / total_blocks if total_blocks > 0 else 0.0
-    best_value_s, best_horizon_s = 0.0, 0.0
-    for horizon_s, (p, held_s) in zip(valuation.horizons_s, outlook, strict=True):
-        value_s = p * recompute_s - price * share * held_s
-        if value_s > best_value_s:
-            best_value_s, best_horizon_s = value_s, horizon_s
+    best_value_s, best_horizon_s = best_plan(valuation, outlook, context_tokens, blocks,
+                                             total_blocks, price)
     p_return = outlook[-1][0] if outlook else 0.0
     return PinValue(best_value_s, best_horizon_s, p_return, source)
+
+
+def best_plan(valuation: Valuation, outlook: Outlook, context_tokens: int, blocks: int,
+              total_blocks: int, price: float) -> tuple[float, float]:
+    """(value, horizon) of :func:`pin_value`'s best plan, alone: what re-valuing a pin
+    every step reads."""
+    recompute_s = context_tokens * valuation.prefill_s_per_token
+    share = blocks / total_blocks if total_blocks > 0 else 0.0
+    cost_per_held_s = price * share
+    best_value_s, best_horizon_s = 0.0, 0.0
+    for horizon_s, (p, held_s) in zip(valuation.horizons_s, outlook, strict=True):
+        value_s = p * recompute_s - cost_per_held_s * held_s
+        if value_s > best_value_s:
+            best_value_s, best_horizon_s = value_s, horizon_s
+    return best_value_s, best_horizon_s
+
+
+def plan_value_s(valuation: Valuation, distribution: ToolTimeDistribution | None,
+                 elapsed_s: float, context_tokens: int, blocks: int, total_blocks: int,
+                 price: float) -> float:
+    """The value of :func:`best_plan` on ``outlook_of(valuation, distribution,
+    elapsed_s)``, exactly, without building the cold-start outlook: what re-valuing a
+    pin every step reads."""
+    if distribution is not None and distribution.count > 0:
+        outlook = distribution.conditional_outlook(elapsed_s, valuation.horizons_s)
+        return best_plan(valuation, outlook, context_tokens, blocks, total_blocks, price)[0]
+    left_s = max(valuation.cold_start_horizon_s - elapsed_s, 0.0)
+    if left_s <= 0.0:  # every horizon (0, 0): worth 0 x recompute - cost x 0, never > 0
+        return 0.0
+    recompute_s = context_tokens * valuation.prefill_s_per_token
+    share = blocks / total_blocks if total_blocks > 0 else 0.0
+    cost_per_held_s = price * share
+    p = valuation.cold_start_probability
+    # Every horizon from left_s on has the outlook (p, left_s), so the same value.
+    past_value_s = p * recompute_s - cost_per_held_s * left_s
+    best_value_s = 0.0
+    for horizon_s in valuation.horizons_s:
+        value_s = (past_value_s if horizon_s >= left_s
+                   else p * horizon_s / left_s * recompute_s - cost_per_held_s * horizon_s)
+        if value_s > best_value_s:
+            best_value_s = value_s
+    return best_value_s
 
 
 def recompute_s(request: RequestView, prefill_s_per_token: float) -> float:
