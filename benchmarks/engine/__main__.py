@@ -517,6 +517,18 @@ def policy_params(policy: str, measured: dict[str, float]) -> list[str]:
             if key in fields and value > 0.0] + overrides
 
 
+def checked_policies(parser: argparse.ArgumentParser, policies: str) -> list[str]:
+    """The comma-separated ``--policies``, each checked before any engine starts: a bad
+    name or parameter ends the command with its argument error."""
+    names = policies.split(",")
+    for policy in names:
+        try:
+            policy_params(policy, {})
+        except (ValueError, KeyError) as error:
+            parser.error(str(error))
+    return names
+
+
 def resync(api: Any, metrics_url: str, tries: int = 40) -> None:
     """Step the engine until the new daemon has heard from it: the link reconnects
     with a backoff, and an idle engine reports nothing, so a single request may run
@@ -620,12 +632,7 @@ def main() -> int:
     daemon = DaemonController("--metrics-port", str(daemon_metrics_port),
                               own_session=args.daemon_session == "own",
                               autogroup_nice=args.daemon_autogroup_nice)
-    policies = args.policies.split(",")
-    for policy in policies:  # a bad name or parameter fails before the engine starts
-        try:
-            policy_params(policy, {})
-        except (ValueError, KeyError) as error:
-            parser.error(str(error))
+    policies = checked_policies(parser, args.policies)
     daemon.start("fcfs")  # never pins: the measurement's requests leave no blocks held
     port = free_port()
     log = args.out / "vllm.log"

@@ -165,6 +165,7 @@ def main() -> int:
     import openai
 
     from benchmarks.engine.__main__ import (
+        checked_policies,
         measure_engine,
         policy_params,
         reset_prefix_cache,
@@ -174,12 +175,7 @@ def main() -> int:
     from tests.support.launch import EngineSpec, start_engine, tiny_model_dir, wait_healthy
     from tests.support.redis_server import free_port
 
-    policies = args.policies.split(",")
-    for policy in policies:  # a bad name or parameter fails before the engine starts
-        try:
-            policy_params(policy, {})
-        except (ValueError, KeyError) as error:
-            parser.error(str(error))
+    policies = checked_policies(parser, args.policies)
     workload = MixedWorkload(
         agents=args.agents, turns=args.turns, tool_s=args.tool_s,
         first_prompt_tokens=args.first_prompt_tokens, turn_tokens=args.turn_tokens,
