@@ -19,6 +19,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from sidecar.server.handlers import rewrapped
+
 
 class _Undecodable:
     __slots__ = ("error",)
@@ -92,16 +94,9 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method or "?"
-        options = {"request_deserializer": _tolerant(handler.request_deserializer),
-                   "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _checked(handler.unary_unary, method, False), **options)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _checked(handler.unary_stream, method, False), **options)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _checked(handler.stream_unary, method, True), **options)
-        return grpc.stream_stream_rpc_method_handler(
-            _checked(handler.stream_stream, method, True), **options)
+        # A request stream is read message by message; a single request is decoded first.
+        return rewrapped(
+            handler,
+            lambda behavior, kind: _checked(behavior, method,
+                                            kind in ("client_stream", "bidi_stream")),
+            request_deserializer=_tolerant(handler.request_deserializer))

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from sidecar.server.handlers import rewrapped
 from sidecar.telemetry import metrics
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
@@ -124,18 +125,5 @@ class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:  # no such method: grpc answers UNIMPLEMENTED, uncounted
             return handler
         service, method = split_method(handler_call_details.method or "")
-        options = {"request_deserializer": handler.request_deserializer,
-                   "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _measured(handler.unary_unary, ("unary", service, method)), **options)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _measured(handler.unary_stream, ("server_stream", service, method)),
-                **options)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _measured(handler.stream_unary, ("client_stream", service, method)),
-                **options)
-        return grpc.stream_stream_rpc_method_handler(
-            _measured(handler.stream_stream, ("bidi_stream", service, method)), **options)
+        return rewrapped(handler,
+                         lambda behavior, kind: _measured(behavior, (kind, service, method)))

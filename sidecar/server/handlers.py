@@ -1,0 +1,33 @@
+"""Rebuilding a gRPC method handler around a wrapped behaviour, whatever its kind: what
+every server interceptor here does once it has the handler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import grpc
+
+# The call's kind, as go-grpc-prometheus names it (``grpc_type``).
+Kind = Literal["unary", "server_stream", "client_stream", "bidi_stream"]
+Behavior = Callable[..., Any]
+
+
+def rewrapped(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, Kind], Behavior],
+              request_deserializer: Callable[[bytes], Any] | None = None
+              ) -> grpc.RpcMethodHandler:
+    """``handler`` with its behaviour replaced by ``wrap(behaviour, kind)``, and its
+    request deserializer by ``request_deserializer`` when one is given."""
+    options = {"request_deserializer": request_deserializer or handler.request_deserializer,
+               "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            wrap(handler.unary_unary, "unary"), **options)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            wrap(handler.unary_stream, "server_stream"), **options)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            wrap(handler.stream_unary, "client_stream"), **options)
+    return grpc.stream_stream_rpc_method_handler(
+        wrap(handler.stream_stream, "bidi_stream"), **options)
