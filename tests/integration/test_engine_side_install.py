@@ -71,4 +71,4 @@ def test_the_daemon_command_names_the_extra(engine_side_python: Path) -> None:
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
-    assert "pip install 'kvtether[daemon]'" in done.stderr
+    assert "pip install '.[daemon]'" in done.stderr
