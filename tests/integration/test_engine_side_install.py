@@ -1,4 +1,4 @@
-"""``pip install kvtether`` as a vLLM image takes it: the engine side's own small
+"""kvtether with no extra, as a vLLM image takes it: the engine side's own small
 dependency set, at the oldest protobuf vLLM accepts.
 
 A fresh virtual environment gets ``protobuf==5.29.6`` (vLLM 0.33's floor) and this

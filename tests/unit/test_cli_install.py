@@ -1,6 +1,6 @@
-"""``kvtether`` on an install without the daemon's extra (``pip install kvtether``, as
-in a vLLM image): the daemon's commands say in one line what to install; ``inspect``,
-a client, still works."""
+"""``kvtether`` on an install without the daemon's extra (``pip install .`` in a
+checkout, as in a vLLM image): the daemon's commands say in one line what to install;
+``inspect``, a client, still works."""
 
 from __future__ import annotations
 
