@@ -8,8 +8,8 @@
 
 Every configuration problem ends the process with one line on stderr naming it and
 exit code 2; a daemon that cannot reach its Redis exits 3. ``serve`` and ``policies``
-need the daemon's extra (``pip install 'kvtether[daemon]'``); without it they say so
-in one line and exit 2. ``inspect`` needs only the base install, so this module
+need the daemon's extra (``pip install '.[daemon]'`` in a checkout); without it they say
+so in one line and exit 2. ``inspect`` needs only the base install, so this module
 imports the daemon's modules lazily.
 """
 
@@ -203,8 +203,11 @@ EXIT_READER_GONE = 141
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("serve", "policies") and (missing := missing_daemon_modules()):
+        # No package index has kvtether: the extra is installed from where kvtether was.
         return _fail(f"`kvtether {args.command}` needs the daemon's dependencies "
-                     f"({', '.join(missing)} missing): pip install 'kvtether[daemon]'")
+                     f"({', '.join(missing)} missing): install kvtether's daemon extra, "
+                     f"pip install '.[daemon]' in its checkout or "
+                     f"pip install 'kvtether-{__version__}-py3-none-any.whl[daemon]'")
     if args.command == "serve":
         return _run_serve(args)
     try:
