@@ -335,9 +335,8 @@ def test_rendered_daemon_configuration_passes_the_cli_check(name: str, tmp_path:
     assert done.returncode == 0 and "configuration ok" in done.stdout, (
         f"{name}: the rendered daemon configuration fails --check: {done.stderr.strip()}")
     policy = load_config(config_file).policy
-    wanted = {"defaults": ("continuum", {"ttl_mode": "cdf", "min_samples": 5, "max_ttl_s": 30}),
-              "optional-objects-on": ("continuum", {"ttl_mode": "cdf", "min_samples": 5,
-                                                    "max_ttl_s": 30}),
+    wanted = {"defaults": ("continuum", {"ttl_mode": "fixed"}),
+              "optional-objects-on": ("continuum", {"ttl_mode": "fixed"}),
               "tls-and-tokens": ("adaptive", {"min_samples": 3})}[name]
     assert (policy.name, dict(policy.params)) == wanted, (
         f"{name}: the daemon runs {policy.name} {policy.params}, the values say {wanted}")
