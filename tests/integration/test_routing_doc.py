@@ -182,7 +182,7 @@ def _pin_two_jobs_one_comes_back(stub: engine_session_pb2_grpc.EngineSessionStub
     return seq
 
 
-def _as_scraped(families: dict, names: tuple[str, ...]) -> dict[str, float]:
+def _as_scraped(families: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
     """Samples of ``names`` in promtool's series notation, with the labels Prometheus'
     Kubernetes scrape adds to a daemon target."""
     target = {"job": "kvtether", "namespace": "inference", "instance": "10.0.0.1:9400"}
