@@ -77,7 +77,7 @@ def _count_contents(report: pb.StepReport) -> None:
 # An engine's series that describe its session (the last decision, the recent answer
 # lags; its own counts are in metrics.ENGINE_COUNTERS): removed when the session ends.
 _SESSION_GAUGES = (metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
-                   metrics.ENGINE_LATE_ANSWER_SHARE)
+                   metrics.ENGINE_LATE_ANSWER_RATIO)
 # What the daemon learned or counted of an engine: kept across its sessions (a counter
 # that outlives a reconnect does not reset), removed when the engine is forgotten.
 _LEARNED_SERIES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -272,7 +272,7 @@ class EngineRegistry:
             1 if decision.provisional_cache else 0)
         late_share = mirror.answer_lags.late_share()
         if late_share is not None:
-            metrics.ENGINE_LATE_ANSWER_SHARE.labels(mirror.engine_id).set(late_share)
+            metrics.ENGINE_LATE_ANSWER_RATIO.labels(mirror.engine_id).set(late_share)
         if decision.pins:
             self._update_pin_gauges()
 

@@ -101,10 +101,10 @@ class EngineCounterCollector(Collector):
         return self._families(dict(self._totals))
 
     def _families(self, totals: dict[str, EngineTotals]) -> Iterator[Metric]:
-        counters = {name: CounterMetricFamily(name, _HELP[name], labels=["engine"])
+        counters = {name: CounterMetricFamily(name, _HELP[name], labels=["engine_id"])
                     for name in (FALLBACK_STEPS, IDLE_WAITS, IDLE_WAITS_MISSED,
                                  PROVISIONAL_BLOCK_SECONDS, KV_HINT_ACTIONS_IGNORED)}
-        lags = HistogramMetricFamily(ANSWER_LAG, _HELP[ANSWER_LAG], labels=["engine"])
+        lags = HistogramMetricFamily(ANSWER_LAG, _HELP[ANSWER_LAG], labels=["engine_id"])
         for engine_id, engine in sorted(totals.items()):
             counters[FALLBACK_STEPS].add_metric([engine_id], engine.fallback_steps)
             counters[IDLE_WAITS].add_metric([engine_id], engine.idle_waits)
@@ -117,6 +117,6 @@ class EngineCounterCollector(Collector):
                 buckets = lag_buckets(engine.answers_by_lag_steps)
                 # No _sum: add_metric writes _count only with one.
                 lags.add_metric([engine_id], buckets, sum_value=None)
-                lags.add_sample(f"{ANSWER_LAG}_count", {"engine": engine_id}, buckets[-1][1])
+                lags.add_sample(f"{ANSWER_LAG}_count", {"engine_id": engine_id}, buckets[-1][1])
         yield from counters.values()
         yield lags

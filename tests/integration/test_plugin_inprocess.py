@@ -194,7 +194,7 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeE
         def exported() -> list[float]:
             """The histogram's buckets, back to answers per lag."""
             samples = scrape(daemon.metrics_port).get(name, ("", {}))[1]
-            cumulative = [samples.get((f"{name}_bucket", ("engine", engine_id), ("le", le)),
+            cumulative = [samples.get((f"{name}_bucket", ("engine_id", engine_id), ("le", le)),
                                       -1.0) for le in bounds]
             return [now - below for now, below in zip(cumulative, [0.0, *cumulative[:-1]],
                                                       strict=True)]
@@ -203,7 +203,7 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeE
         waits = sent[-1].counters.idle_waits
         waits_name = "kvtether_engine_idle_waits"
         wait_until(lambda: scrape(daemon.metrics_port).get(waits_name, ("", {}))[1].get(
-            (f"{waits_name}_total", ("engine", engine_id))) == waits)
+            (f"{waits_name}_total", ("engine_id", engine_id))) == waits)
     assert len(reported) == 8
     # Applied at the next schedule() (lag 1) or, when the engine went idle, waited for
     # and applied in the same step (lag 0); the engine applied every answer it counted.

@@ -44,7 +44,7 @@ def registry(clock: Clock) -> tuple[EngineRegistry, AdaptivePolicy]:
 def engine_series(engine_id: str) -> set[str]:
     """The names of the daemon's metric series labelled with this engine."""
     return {sample.name for family in REGISTRY.collect() for sample in family.samples
-            if sample.labels.get("engine") == engine_id}
+            if sample.labels.get("engine_id") == engine_id}
 
 
 SESSION_SERIES = {"kvtether_engine_fallback_steps_total",
@@ -53,7 +53,7 @@ SESSION_SERIES = {"kvtether_engine_fallback_steps_total",
                   "kvtether_engine_idle_waits_total", "kvtether_engine_idle_waits_missed_total",
                   "kvtether_engine_kv_hint_actions_ignored_total",
                   "kvtether_engine_finished_turns_cached",
-                  "kvtether_engine_late_answer_share",
+                  "kvtether_engine_late_answer_ratio",
                   "kvtether_engine_prefill_time_ratio",
                   "kvtether_engine_provisional_block_seconds_total"}
 LEARNED_SERIES = {"kvtether_engine_prefill_seconds_per_token", "kvtether_engine_step_seconds",
