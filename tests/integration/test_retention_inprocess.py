@@ -201,9 +201,12 @@ def test_a_preempted_requests_blocks_keep_its_priorities(
         resumed = [new.num_computed_tokens for new in output.scheduled_new_reqs
                    if new.req_id == "newer" and seen_preemption]
         cached = output.scheduled_cached_reqs
+        # vLLM 0.34 re-sends a resumed request in full, among the new ones (above), and
+        # its cached requests have no resumed_req_ids.
+        resumed_ids = getattr(cached, "resumed_req_ids", None) or ()
         resumed += [tokens for request_id, tokens in zip(cached.req_ids,
                                                          cached.num_computed_tokens, strict=False)
-                    if request_id == "newer" and request_id in (cached.resumed_req_ids or ())]
+                    if request_id == "newer" and request_id in resumed_ids]
         if resumed:
             resumed_hit = resumed[0]
     assert seen_preemption, "the load should preempt the newer request"
