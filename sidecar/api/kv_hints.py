@@ -88,7 +88,6 @@ JOB_ACTION = ("kvtether.job", "1")
 RETENTION_ACTION = ("kvtether.retention", "1")
 # One type and version, two payloads: vLLM's token ranges and Dynamo's blocks.
 RETAIN_ACTION = ("kv.retain", "1.0")
-DYNAMO_RETAIN_ACTION = RETAIN_ACTION
 DYNAMO_EVICT_ACTION = ("kv.evict", "1.0")
 VLLM_SET_PRIORITY_ACTION = ("vllm.set_priority", "1.0")
 # The priority of blocks a Dynamo kv.retain action keeps: above the default (35),
@@ -359,6 +358,8 @@ def _vllm_retention(found: _Found) -> None:
         where = found.vllm_directives[0][0].rsplit("[", 1)[0]
         raise _Malformed(where, problem) from None
     found.values["retention"] = config
+    found.values["scope_is_session"] = False
+    found.values.pop("retention_scope", None)
     if found.vllm_scope:
         found.values["retention_scope"] = found.vllm_scope
 
@@ -392,7 +393,9 @@ def _dynamo(where: str, action: Any, found: _Found, block_size_tokens: int,
     ttl = payload.get("ttl_seconds")
     ttl_s = None if ttl is None else _seconds(f"{where}.ttl_seconds", ttl)
     values = found.values
+    # The last action that sets retention also says who owns it.
     values["scope_is_session"] = True
+    values.pop("retention_scope", None)
     config = pb.RetentionConfig()
     if not retain:
         values["is_last_step"] = True
@@ -462,3 +465,4 @@ def _set_priority(where: str, action: Any, found: dict[str, Any]) -> None:
                                                     positive=True))
     found["retention"] = config
     found["retention_scope"] = claim_id
+    found["scope_is_session"] = False

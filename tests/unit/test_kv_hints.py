@@ -180,6 +180,17 @@ def test_vllm_set_priority_is_the_claims_retention_and_null_clears_it() -> None:
     assert [from_vllm_claim_value(v) for v in (-50, 0, 10, 65, 10**6)] == [0, 35, 45, 100, 100]
 
 
+def test_the_last_retaining_action_owns_the_retention() -> None:
+    claim_last = read_kv_hints(envelope(action("kv.retain", "1.0", DYNAMO_RETAIN),
+                                        action("vllm.set_priority", "1.0", VLLM_SET_PRIORITY)))
+    assert (claim_last.retention_scope, claim_last.scope_is_session) == (
+        "router/session-1", False)
+    session_last = read_kv_hints(envelope(action("vllm.set_priority", "1.0", VLLM_SET_PRIORITY),
+                                          action("kv.retain", "1.0", DYNAMO_RETAIN)))
+    assert (session_last.retention_scope, session_last.scope_is_session) == ("", True)
+    assert ranges(session_last.retention) == [(0, None, DYNAMO_RETAIN_PRIORITY, 300.0)]
+
+
 def test_unknown_types_and_versions_are_counted_not_read() -> None:
     reading = read_kv_hints(envelope(
         action("kv.source_locations", "1.0", {"anything": 1}),
