@@ -123,9 +123,10 @@ class EngineAgent:
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
         """A new request, before vLLM enqueues it."""
-        meta = read_metadata(request)
+        meta = read_metadata(request, int(getattr(self.sched, "block_size", 0) or 0))
         self.metadata[request.request_id] = meta
         self.counters.kv_hint_actions_ignored += meta.kv_hint_actions_ignored
+        self.counters.kv_hint_fields_refused += meta.kv_hint_fields_refused
         request.priority = fallback.UNRANKED_PRIORITY
         if not reportable(request.request_id):
             self._unreported.add(request.request_id)

@@ -69,6 +69,8 @@ class ReportBuilder:
                 request_id=new.req_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s,
                 cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0)))
         cached = getattr(output, "scheduled_cached_reqs", None)
+        # vLLM 0.34 has no resumed_req_ids: it re-sends a resumed request in full,
+        # among the new ones above.
         for request_id in getattr(cached, "resumed_req_ids", ()) or ():
             add_event(pb.RequestEvent(
                 request_id=request_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s))
@@ -126,7 +128,8 @@ class ReportBuilder:
         for request in list(self.sched.requests.values()):
             if request.request_id in self.unreported:
                 continue
-            meta = self.metadata.get(request.request_id) or read_metadata(request)
+            meta = self.metadata.get(request.request_id) or read_metadata(
+                request, int(getattr(self.sched, "block_size", 0) or 0))
             state = (pb.REQUEST_STATE_RUNNING if is_running(request)
                      else pb.REQUEST_STATE_WAITING)
             report.new_requests.append(self.new_request(request, meta, state))

@@ -267,7 +267,8 @@ class EngineRegistry:
             idle_waits_missed=counters.idle_waits_missed,
             provisional_block_seconds=counters.provisional_block_seconds,
             answers_by_lag_steps=tuple(counters.answers_by_lag_steps),
-            kv_hint_actions_ignored=counters.kv_hint_actions_ignored))
+            kv_hint_actions_ignored=counters.kv_hint_actions_ignored,
+            kv_hint_fields_refused=counters.kv_hint_fields_refused))
         metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
             1 if decision.provisional_cache else 0)
         late_share = mirror.answer_lags.late_share()

@@ -184,6 +184,7 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
                                        "kvtether_engine_idle_waits_total",
                                        "kvtether_engine_idle_waits_missed_total",
                                        "kvtether_engine_kv_hint_actions_ignored_total",
+                                       "kvtether_engine_kv_hint_fields_refused_total",
                                        "kvtether_engine_finished_turns_cached",
                                        "kvtether_engine_late_answer_ratio",
                                        "kvtether_engine_prefill_time_ratio",

@@ -115,14 +115,18 @@ def model_output(scheduler: Any, scheduler_output: Any, token_id: int = 7) -> An
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
+    fields: dict[str, Any] = {}
+    # vLLM 0.34 dropped req_id_to_index (the order of req_ids is the index).
+    if "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {}):
+        fields["req_id_to_index"] = {request_id: index for index, request_id in enumerate(ids)}
     return ModelRunnerOutput(
         req_ids=ids,
-        req_id_to_index={request_id: index for index, request_id in enumerate(ids)},
         sampled_token_ids=[[] if scheduler.requests[r].is_prefill_chunk else [token_id]
                            for r in ids],
         logprobs=None,
         prompt_logprobs_dict={},
         pooler_output=[],
+        **fields,
     )
 
 
