@@ -120,8 +120,8 @@ class LimitsConfig(_Section):
     # stream and keeps it). Inspect: every call, a WatchDecisions stream included.
     retention_calls_per_s: float = Field(50.0, gt=0)
     retention_burst: int = Field(100, ge=1)
-    engine_calls_per_s: float = Field(100.0, gt=0)
-    engine_burst: int = Field(200, ge=1)
+    engine_calls_per_s: float = Field(1000.0, gt=0)
+    engine_burst: int = Field(2000, ge=1)
     inspect_calls_per_s: float = Field(50.0, gt=0)
     inspect_burst: int = Field(100, ge=1)
     # Takeovers of one engine id (a Session's snapshot ending the live Session that

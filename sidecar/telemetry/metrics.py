@@ -105,6 +105,15 @@ ENGINE_TAKEOVERS_REFUSED = Counter(
     "(another scope's token, or too many takeovers of the id a minute).",
     registry=REGISTRY,
 )
+# Tool times a report implied that no finished turn could have produced (an arrival
+# in the future of the engine's clock, or longer than a job's history lives): left
+# out of the shared tool statistics.
+TOOL_TIMES_REFUSED = Counter(
+    "kvtether_tool_times_refused_total",
+    "Tool times left out of the tool statistics because no finished turn could have "
+    "produced them (an arrival past the engine's clock, or longer than store.history_ttl_s).",
+    registry=REGISTRY,
+)
 PINS_ACTIVE = Gauge(
     "kvtether_pins_active", "Pins held by connected engines.", registry=REGISTRY
 )

@@ -113,7 +113,7 @@ class InspectServicer(object):
 
     def Explain(self, request, context):
         """The inputs and rules behind the decisions taken for a request: the latest of
-        each kind.
+        each kind (a page of the requests an API client's id names, when it names many).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
