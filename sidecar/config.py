@@ -3,7 +3,8 @@
 Sources, later ones winning: built-in defaults < YAML file (``--config``) <
 ``KVTETHER_*`` environment (nested with ``__``, e.g. ``KVTETHER_POLICY__NAME``) <
 command-line flags. Anything wrong stops the daemon at start-up with one line naming
-the problem (:class:`ConfigError`); nothing is silently replaced by a default.
+the problem (:class:`ConfigError`), a ``KVTETHER_*`` variable that sets nothing
+included; nothing is silently replaced by a default.
 """
 
 from __future__ import annotations

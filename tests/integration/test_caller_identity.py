@@ -122,6 +122,26 @@ def test_an_engine_id_is_taken_over_only_with_the_credential_that_holds_it(
         restarted.close()
 
 
+def test_a_configuration_of_before_engine_ids_binds_ids_and_guards_reads(
+        tmp_path: Path) -> None:
+    # Only the settings there were before engine_ids and read_scopes: it still starts,
+    # another engine scope's token cannot take a live engine's id, and reading takes a
+    # token of any configured scope.
+    settings = {"auth": {"tokens": {POD_A_TOKEN: "engines-a", POD_B_TOKEN: "engines-b",
+                                    OPERATOR_TOKEN: "operators"},
+                         "engine_scopes": ["engines-a", "engines-b"]}}
+    with daemon_with(tmp_path, settings) as daemon, daemon.channel() as channel:
+        engine = LiveSession(channel, POD_A_TOKEN)
+        assert not engine.send(snapshot("pod-a")).resync_requested
+        code, details = session_code(channel, snapshot("pod-a"), POD_B_TOKEN)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, details
+        assert not engine.send(pb.StepReport(engine_id="pod-a", seq=2, now_s=2.0)
+                               ).resync_requested
+        assert _inspect_code(channel, None) == grpc.StatusCode.UNAUTHENTICATED
+        assert _inspect_code(channel, OPERATOR_TOKEN) == grpc.StatusCode.OK
+        engine.close()
+
+
 def test_takeovers_without_tokens_are_rate_limited(tmp_path: Path) -> None:
     with daemon_with(tmp_path, {}) as daemon, daemon.channel() as channel:
         engine = LiveSession(channel)
