@@ -121,6 +121,8 @@ class LimitsConfig(_Section):
     # stream and keeps it). Inspect: every call, a WatchDecisions stream included.
     retention_calls_per_s: float = Field(50.0, gt=0)
     retention_burst: int = Field(100, ge=1)
+    # High: one caller may stand for many engines (with tokens, a scope shared by a
+    # fleet reconnecting at once; a replay or test tool driving engines by unary Step).
     engine_calls_per_s: float = Field(1000.0, gt=0)
     engine_burst: int = Field(2000, ge=1)
     inspect_calls_per_s: float = Field(50.0, gt=0)

@@ -78,13 +78,13 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
         if owner is None or owner is stream:
             return
         if self._auth.enabled and owner.scope != stream.scope:
-            metrics.ENGINE_TAKEOVERS_REFUSED.inc()
+            metrics.ENGINE_SESSIONS_REFUSED.inc()
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"engine_id: engine {engine_id[:64]!r} is held by a live Session of another "
                 "scope; only a token of the scope that holds it may take it over")
         if not self._takeovers.allow(engine_id):
-            metrics.ENGINE_TAKEOVERS_REFUSED.inc()
+            metrics.ENGINE_SESSIONS_REFUSED.inc()
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"engine_id: engine {engine_id[:64]!r} was taken over more than "

@@ -99,7 +99,7 @@ ENGINE_SESSIONS_REPLACED = Counter(
 # Snapshots refused because they would have taken an engine id from the live session
 # that holds it (another token's scope, or over limits.engine_takeovers_per_min):
 # a caller is reporting under an engine id that is not its own.
-ENGINE_TAKEOVERS_REFUSED = Counter(
+ENGINE_SESSIONS_REFUSED = Counter(
     "kvtether_engine_sessions_refused_total",
     "Session snapshots refused because another live session holds their engine id "
     "(another scope's token, or too many takeovers of the id a minute).",
