@@ -2,7 +2,8 @@
 
     kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...]
                    [--log-format json|console] ...
-    kvtether inspect [--address HOST:PORT] policy|jobs|job ID|pins|tools|explain ID|watch
+    kvtether inspect [--address HOST:PORT] [--token-file FILE]
+                     policy|jobs|job ID|pins|tools|explain ID|watch
     kvtether policies
     kvtether --version
 
@@ -87,10 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tls-key", default="", help="mutual TLS: client key")
     inspect.add_argument("--tls-server-name", default="",
                          help="TLS: name to check the daemon's certificate against")
+    inspect.add_argument("--token-file", type=Path,
+                         help="a file holding the bearer token of a read scope (a daemon "
+                              "with auth tokens needs one); default: $KVTETHER_INSPECT_TOKEN")
     inspect.add_argument("--limit", type=int, default=0,
-                         help="jobs, pins, tools: most rows (default 100, at most 1000)")
+                         help="jobs, pins, tools, explain: most rows (default 100, at most "
+                              "1000)")
     inspect.add_argument("--page-token", default="",
-                         help="jobs, pins, tools: the page after the one that printed it")
+                         help="jobs, pins, tools, explain: the page after the one that "
+                              "printed it")
     inspect.add_argument("--anonymous", action="store_true",
                          help="jobs: also list requests sent without a job id")
     inspect.add_argument("what", choices=["policy", "jobs", "job", "pins", "tools", "explain",

@@ -7,6 +7,7 @@ writes a step causes (history events, tool-time samples) are handed to the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -124,15 +125,31 @@ class DecisionLog:
         """The latest decision of each kind for ``request_id`` — the id an engine
         reported, else the id the API client got back (every request it names) —
         oldest first; [] when none is held."""
+        return self.explain_page(request_id, self._max_requests)[0]
+
+    def explain_page(self, request_id: str, limit: int, after: str = ""
+                     ) -> tuple[list[inspect_pb2.DecisionRecord], str | None]:
+        """``explain`` a page at a time, for an API client's id that names many
+        requests (vLLM turns one reused ``X-Request-Id`` into as many requests): the
+        decisions of at most ``limit`` of them, in the order the log first held them,
+        starting after the request ``after`` (from the oldest held when it is gone);
+        and the last request of the page when more follow, else None. Work is in
+        proportion to the page, not to the requests the id names."""
         if request_id in self._by_request:
             named = [request_id]
         else:
             named = self._by_response_id.get(request_id, [])
-        decisions = [decision for name in named
+        start = 0
+        if after:
+            with contextlib.suppress(ValueError):
+                start = named.index(after) + 1
+        page = named[start:start + limit]
+        decisions = [decision for name in page
                      for decision in self._by_request[name].kinds.values()]
-        if len(named) > 1:  # requests of one response id: on one engine, its clock orders
+        if len(page) > 1:  # requests of one response id: on one engine, its clock orders
             decisions.sort(key=lambda decision: (decision.at_s, decision.seq))
-        return [decision.record() for decision in decisions]
+        more = start + limit < len(named)
+        return [decision.record() for decision in decisions], (page[-1] if more else None)
 
     def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
         """The job's latest decisions, newest first: every kind of each request."""
@@ -177,7 +194,7 @@ class Decider:
             count_waiting_demand=self.policy.reads_waiting_demand)
 
         for live in delta.arrived:
-            self.recorder.on_arrival(live.view())
+            self.recorder.on_arrival(live.view(), engine_now_s=mirror.now_s)
         if self.retention is not None:
             self._decide_retention(mirror, delta, state, decision)
 

@@ -10,8 +10,10 @@ until it has sent one.
 One stream owns an engine id: the one that sent its latest snapshot. A newer stream's
 snapshot replaces the owner (an engine that reconnects is heard at once, before the
 daemon's keepalive notices that its old connection is dead); the replaced stream is
-told so and nothing it sends after is applied. A unary Step (grpcurl, debugging) may
-drive only an engine that no stream owns.
+told so and nothing it sends after is applied. Which newer stream may take an engine
+over (the same credential, at a bounded rate) is the server's to decide before the
+snapshot gets here (``sidecar.server.engine_session``). A unary Step (grpcurl,
+debugging) may drive only an engine that no stream owns.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ log = structlog.get_logger("kvtether.engines")
 
 class EngineStream:
     """One Session stream's claim on an engine id; ``replaced`` is set when a newer
-    stream's snapshot takes the engine over."""
+    stream's snapshot takes the engine over. ``scope``: the auth scope the stream
+    reports as ("" without tokens), which the server checks a takeover against."""
 
-    __slots__ = ("engine_id", "replaced")
+    __slots__ = ("engine_id", "replaced", "scope")
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = "") -> None:
         self.engine_id: str | None = None
         self.replaced = asyncio.Event()
+        self.scope = scope
 
 
 class SessionConflict(Exception):
@@ -168,6 +172,10 @@ class EngineRegistry:
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
         return decision
+
+    def owner_of(self, engine_id: str) -> EngineStream | None:
+        """The live stream that owns ``engine_id``, if one does."""
+        return self._owner.get(engine_id)
 
     def _claim(self, engine_id: str, stream: EngineStream, owner: EngineStream | None) -> None:
         if owner is not None and owner is not stream:

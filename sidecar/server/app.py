@@ -45,7 +45,8 @@ from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.grpc_metrics import GrpcMetricsInterceptor
 from sidecar.server.inspect import InspectService
-from sidecar.server.limits import RateLimitInterceptor
+from sidecar.server.limits import CallLimit, RateLimitInterceptor
+from sidecar.server.read_access import ReadAccessInterceptor
 from sidecar.server.retention import RetentionService
 from sidecar.server.supervise import supervise
 from sidecar.server.transport import bind_tcp, server_credentials
@@ -115,22 +116,35 @@ class Daemon:
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
                             config.store.history_ttl_s)
         decisions = DecisionLog()
-        authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes)
+        authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes,
+                                      config.auth.engine_ids, config.auth.read_scopes)
         directory = RetentionDirectory(store, max_jobs=config.max_jobs_tracked)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
         engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
                                  forget_after_s=config.engine_forget_after_s)
 
-        limiter = RateLimitInterceptor(
-            f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
-            config.limits.retention_burst, authenticator)
-        # Metrics first: outermost, they count the calls the others refuse.
-        server = grpc.aio.server(
-            options=SERVER_OPTIONS,
-            interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor(), limiter])
+        limits = config.limits
+        limiter = RateLimitInterceptor([
+            CallLimit(f"/{SERVICE_NAMES[0]}/", limits.engine_calls_per_s, limits.engine_burst,
+                      "limits.engine_calls_per_s"),
+            CallLimit(f"/{SERVICE_NAMES[1]}/", limits.retention_calls_per_s,
+                      limits.retention_burst, "limits.retention_calls_per_s"),
+            CallLimit(f"/{SERVICE_NAMES[2]}/", limits.inspect_calls_per_s, limits.inspect_burst,
+                      "limits.inspect_calls_per_s"),
+        ], authenticator)
+        # Metrics first: outermost, they count the calls the others refuse. The rate
+        # limit before the read check: a caller without a token is limited too.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            GrpcMetricsInterceptor(), DecodeErrorInterceptor(), limiter]
+        if authenticator.enabled and not config.auth.inspect_open:
+            interceptors.append(ReadAccessInterceptor(
+                (f"/{SERVICE_NAMES[2]}/", f"/{SERVICE_NAMES[1]}/GetDirectives"),
+                authenticator))
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
-            EngineSessionService(engines, authenticator), server)
+            EngineSessionService(engines, authenticator, limits.engine_takeovers_per_min,
+                                 limits.engine_takeover_burst), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
             RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
                              directory=directory, authenticator=authenticator,
@@ -142,9 +156,8 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(
-                options=SERVER_OPTIONS,
-                interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor()])
+            inspect_server = grpc.aio.server(options=SERVER_OPTIONS,
+                                             interceptors=interceptors)
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])
         else:
@@ -205,9 +218,14 @@ class Daemon:
             log.warning("retention_scopes_unauthenticated",
                         detail="retention scopes are claimed by callers (the request's "
                                "scope field), not authenticated, a bearer token sent "
-                               "without a scope is refused, and engines report without a "
-                               "token: configure auth.tokens or auth.tokens_file, and "
-                               "auth.engine_scopes")
+                               "without a scope is refused, engines report without a "
+                               "token (any caller may take an engine id over, a few times "
+                               "a minute), and Inspect is open: configure auth.tokens or "
+                               "auth.tokens_file, and auth.engine_scopes")
+        elif self.config.auth.inspect_open:
+            log.warning("inspect_open",
+                        detail="auth.inspect_open: Inspect and Retention/GetDirectives "
+                               "answer callers without a token")
 
     def _start_task(self, name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
         # Supervised: a task that ends before stop is logged, counted and restarted.

@@ -96,6 +96,24 @@ ENGINE_SESSIONS_REPLACED = Counter(
     "Engine sessions ended because a newer session of the same engine id sent a snapshot.",
     registry=REGISTRY,
 )
+# Snapshots refused because they would have taken an engine id from the live session
+# that holds it (another token's scope, or over limits.engine_takeovers_per_min):
+# a caller is reporting under an engine id that is not its own.
+ENGINE_SESSIONS_REFUSED = Counter(
+    "kvtether_engine_sessions_refused_total",
+    "Session snapshots refused because another live session holds their engine id "
+    "(another scope's token, or too many takeovers of the id a minute).",
+    registry=REGISTRY,
+)
+# Tool times a report implied that no finished turn could have produced (an arrival
+# in the future of the engine's clock, or longer than a job's history lives): left
+# out of the shared tool statistics.
+TOOL_TIMES_REFUSED = Counter(
+    "kvtether_tool_times_refused_total",
+    "Tool times left out of the tool statistics because no finished turn could have "
+    "produced them (an arrival past the engine's clock, or longer than store.history_ttl_s).",
+    registry=REGISTRY,
+)
 PINS_ACTIVE = Gauge(
     "kvtether_pins_active", "Pins held by connected engines.", registry=REGISTRY
 )

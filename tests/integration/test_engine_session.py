@@ -288,8 +288,10 @@ async def test_item5_every_key_the_daemon_writes_to_redis_expires(clean_redis: s
         engine = Engine(channel)
         await engine.send(snapshot=True, new_requests=[new("r1", "job", 1.0)])
         await engine.send(events=[finished("r1", 2.0, tool="pytest")])
-        await engine.send(new_requests=[new("r2", "job", 5.0), new("solo", "", 5.0)])
-        await engine.send(events=[finished("r2", 6.0), finished("solo", 6.0)])
+        # The engine's clock reads the arrivals it reports: the tool time counts.
+        await engine.send(new_requests=[new("r2", "job", 5.0), new("solo", "", 5.0)],
+                          now_s=5.0)
+        await engine.send(events=[finished("r2", 6.0), finished("solo", 6.0)], now_s=6.0)
         await retention_pb2_grpc.RetentionStub(channel).SetDirectives(
             retention_pb2.SetDirectivesRequest(
                 target=retention_pb2.RetentionTarget(job_id="job"), scope="orchestrator",

@@ -167,6 +167,8 @@ def test_install_notes_point_several_replicas_at_routing_and_a_shared_store(
     assert "docs/routing.md" in shared and "store.redisUrl" not in shared
     mutual = notes(VALUE_SETS["tls-and-tokens"])
     assert "--tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in mutual
+    # With tokens, Inspect answers only a token of a read scope.
+    assert "--token-file TOKEN_FILE pins" in mutual and "--token-file" not in single
 
 
 # --- what the API server accepts ---------------------------------------------------------
@@ -538,8 +540,13 @@ def test_tls_and_tokens_sidecar_serves_the_plugin_and_passes_its_probe(
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             assert step_code(channel, ENGINE_TOKEN) == grpc.StatusCode.OK
             assert step_code(channel, OPERATOR_TOKEN) == grpc.StatusCode.PERMISSION_DENIED
-            answer = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
-                inspect_pb2.GetPolicyRequest(), timeout=5)
+            # Reading takes a token when tokens are on: the operators' here.
+            inspect = inspect_pb2_grpc.InspectStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                inspect.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            answer = inspect.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=5,
+                                       metadata=[("authorization", f"Bearer {OPERATOR_TOKEN}")])
         assert answer.name == "adaptive"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0, "SIGTERM did not stop the sidecar cleanly"

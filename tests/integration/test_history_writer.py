@@ -148,16 +148,17 @@ async def _later_job(channel: grpc.aio.Channel, engine_id: str) -> None:
 
 
 async def test_item1_writer_drops_a_record_it_cannot_apply_and_goes_on() -> None:
-    # Past the edge (as a bug in the daemon itself would): a tool time of the pool's
-    # name, and a NaN one, reach the writer, which cannot apply them.
+    # Past the edge (as a bug in the daemon itself would): two tool times of the
+    # pool's name reach the writer, which cannot apply them. (A NaN or endless one
+    # never reaches it: the recorder leaves out what no finished turn can produce.)
     async with inprocess_daemon(policy={"name": "continuum"}) as (daemon, channel):
         recorder = daemon.recorder
         dropped_before = sample("kvtether_recorder_write_errors_total")
         restarts_before = sample("kvtether_background_task_restarts_total", task="recorder")
         with capture_logs() as logs:
-            for tool, finish_s, arrival_s in (("*", 2.0, 3.0), ("ls", float("inf"),
-                                                                float("inf"))):
-                job_id = f"bad-{tool}"
+            for index, (tool, finish_s, arrival_s) in enumerate((("*", 2.0, 3.0),
+                                                                 ("*", 4.0, 5.5))):
+                job_id = f"bad-{index}"
                 recorder.on_arrival(_view(f"{job_id}-1", job_id, 1.0))
                 recorder.on_finish(_view(f"{job_id}-1", job_id, 1.0), finish_s, tool, 1)
                 recorder.on_arrival(_view(f"{job_id}-2", job_id, arrival_s))

@@ -294,7 +294,8 @@ def _round_trips_s(engine: engine_session_pb2_grpc.EngineSessionStub, engine_id:
 
 
 def test_item3_watchers_that_never_read_are_dropped_and_decisions_keep_their_pace() -> None:
-    env = {"KVTETHER_LIMITS__MAX_WATCHERS": "300"}
+    # 200 watchers from one address: above the default Inspect burst of one caller.
+    env = {"KVTETHER_LIMITS__MAX_WATCHERS": "300", "KVTETHER_LIMITS__INSPECT_BURST": "300"}
     with running_daemon("--log-level", "warning", env=env) as daemon, \
             daemon.channel() as channel:
         engine = engine_session_pb2_grpc.EngineSessionStub(channel)
