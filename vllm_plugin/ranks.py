@@ -48,12 +48,12 @@ class RankedPriority(int):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RankedPriority):
             return self._key == other._key
-        return int.__eq__(self, other)  # type: ignore[no-any-return]
+        return int.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
         if isinstance(other, RankedPriority):
             return self._key != other._key
-        return int.__ne__(self, other)  # type: ignore[no-any-return]
+        return int.__ne__(self, other)
 
     def __lt__(self, other: Any) -> bool:
         if isinstance(other, RankedPriority):

@@ -60,9 +60,10 @@ def finish_sending(scheduler: Any, request_id: str) -> None:
 
 def test_a_rank_landing_after_a_prefill_finish_leaves_the_request_finished(
         prefill_engine: Any) -> None:
-    from tests.support.scheduler import free_blocks
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
     from vllm.v1.request import RequestStatus
+
+    from tests.support.scheduler import free_blocks
 
     scheduler = prefill_engine
     start_free = free_blocks(scheduler)
