@@ -4,7 +4,7 @@ rank inside it.
 vLLM's priority policy orders the waiting heap by ``(priority, arrival_time,
 request_id)`` (``Request.__lt__``) and preempts ``max(running, key=(priority,
 arrival_time))``. The client's own priority (the OpenAI API's ``priority`` field or
-``X-Priority`` header, ``AsyncLLM``'s ``priority=``; Dynamo passes its agent hint's
+``X-Vllm-Priority`` header, ``AsyncLLM``'s ``priority=``; Dynamo passes its agent hint's
 priority negated) stays the first key of that order; the daemon's rank orders requests
 only among those of one client priority. Both live in one value,
 :class:`RankedPriority`: an ``int`` whose value is the client's priority, so every
