@@ -5,11 +5,10 @@ first) does not wait behind the lower class's queue, and the jobs keep their pin
 Agent jobs and one-shot batch requests send ``priority=1``; interactive requests send
 the default 0. Beside the jobs' pins, batch requests fit two at a time: they run in
 pairs, and the others wait. The interactive requests arrive while the first pair
-runs. Under vLLM's own priority policy they are served at the first room after they
-arrive, before the batch requests queued ahead of them; with kvtether's order
-alone (as before the client's priority was kept) they came after every one of them.
-Nothing is streamed: the API server, on a busy machine, would lag in handing new
-requests to the engine."""
+runs. They are served at the first room after they arrive, before the batch
+requests queued ahead of them (kvtether's order, job-level FCFS with pinned jobs
+first, would put them after every one). Nothing is streamed: the API server, on a
+busy machine, would lag in handing new requests to the engine."""
 
 from __future__ import annotations
 
