@@ -68,9 +68,9 @@ def _tail_decoder(load_tokenizer: Callable[[], Any]) -> Callable[[Sequence[int]]
 def _use_priority_policy(vllm_config: Any) -> None:
     """kvtether's decisions are ``Request.priority`` values, which only vLLM's priority
     policy reads: turn it on in the engine's scheduler config before vLLM builds its
-    queues from it, with one line saying so. vLLM's FCFS policy orders by arrival
-    and ignores priorities; its priority policy with every client at priority 0
-    orders by arrival too (``vllm_plugin.ranks``)."""
+    queues from it, with one line saying so. vLLM's FCFS policy keeps requests in
+    the order they reach the engine and ignores priorities; its priority policy with
+    every client at priority 0 orders them by arrival (``vllm_plugin.ranks``)."""
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     policy = getattr(scheduler_config, "policy", None)
     if scheduler_config is None or policy == "priority":
