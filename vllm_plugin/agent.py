@@ -42,6 +42,7 @@ from vllm_plugin.metadata import (
 from vllm_plugin.pins import Pin, PinTable
 from vllm_plugin.pressure import AllocationGuard, PinPressure
 from vllm_plugin.provisional import ProvisionalCache
+from vllm_plugin.ranks import RankedPriority
 from vllm_plugin.reports import ReportBuilder
 from vllm_plugin.request_retention import RequestRetention
 from vllm_plugin.settings import PluginSettings
@@ -127,7 +128,9 @@ class EngineAgent:
         self.metadata[request.request_id] = meta
         self.counters.kv_hint_actions_ignored += meta.kv_hint_actions_ignored
         self.counters.kv_hint_fields_refused += meta.kv_hint_fields_refused
-        request.priority = fallback.UNRANKED_PRIORITY
+        # The client's priority stays the first key of vLLM's order; the daemon's rank
+        # orders requests inside it (vllm_plugin.ranks).
+        request.priority = RankedPriority(request.priority)
         if not reportable(request.request_id):
             self._unreported.add(request.request_id)
             return

@@ -128,10 +128,14 @@ class ReportBuilder:
         for request in list(self.sched.requests.values()):
             if request.request_id in self.unreported:
                 continue
+            if is_running(request):
+                state = pb.REQUEST_STATE_RUNNING
+            elif is_queued(request):
+                state = pb.REQUEST_STATE_WAITING
+            else:
+                continue  # finished, its blocks not freed yet: gone for the daemon
             meta = self.metadata.get(request.request_id) or read_metadata(
                 request, int(getattr(self.sched, "block_size", 0) or 0))
-            state = (pb.REQUEST_STATE_RUNNING if is_running(request)
-                     else pb.REQUEST_STATE_WAITING)
             report.new_requests.append(self.new_request(request, meta, state))
         for pin in pins.values():
             report.pins.add(request_id=pin.request_id, job_id=pin.job_id,
@@ -231,3 +235,12 @@ def _retention_config(request_id: str, meta: RequestMetadata) -> Any:
 
 def is_running(request: Any) -> bool:
     return getattr(getattr(request, "status", None), "name", "") == "RUNNING"
+
+
+def is_queued(request: Any) -> bool:
+    """Whether the request waits in one of vLLM's waiting queues (``waiting``,
+    ``kv_holding_waiting``): not running and not finished. vLLM keeps a finished
+    request in ``scheduler.requests`` while its blocks wait to be freed (the prefill
+    side of a P/D pair while the KV connector sends its KV; an abort while it waited
+    for remote KV): it runs no more and waits in no queue."""
+    return not is_running(request) and not request.is_finished()

@@ -65,14 +65,32 @@ def _tail_decoder(load_tokenizer: Callable[[], Any]) -> Callable[[Sequence[int]]
     return decode
 
 
+def _use_priority_policy(vllm_config: Any) -> None:
+    """kvtether's decisions are ``Request.priority`` values, which only vLLM's priority
+    policy reads: turn it on in the engine's scheduler config before vLLM builds its
+    queues from it, with one line saying so. vLLM's FCFS policy keeps requests in
+    the order they reach the engine and ignores priorities; its priority policy with
+    every client at priority 0 orders them by arrival (``vllm_plugin.ranks``)."""
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    policy = getattr(scheduler_config, "policy", None)
+    if scheduler_config is None or policy == "priority":
+        return
+    scheduler_config.policy = "priority"
+    logger.warning("kvtether: vLLM's scheduling policy is now 'priority' (it was %r): "
+                   "kvtether orders requests inside each client priority; start vLLM "
+                   "with --scheduling-policy priority to say so", policy)
+
+
 class KvtetherMixin:
     """Put before vLLM's scheduler class in the bases. Holds no policy."""
 
     kvtether: EngineAgent | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         settings = PluginSettings.from_env()
+        if settings.enabled:
+            _use_priority_policy(kwargs.get("vllm_config", args[0] if args else None))
+        super().__init__(*args, **kwargs)
         self.kvtether = None
         if not settings.enabled:
             logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
@@ -83,10 +101,9 @@ class KvtetherMixin:
 
         sched: Any = self
         if sched.policy != SchedulingPolicy.PRIORITY:
-            raise ValueError(
-                "kvtether needs vLLM's priority policy: start vLLM with "
-                "--scheduling-policy priority"
-            )
+            logger.error("kvtether: vLLM runs its %s policy, not its priority policy: "
+                         "kvtether steps aside, vLLM schedules alone", sched.policy.value)
+            return
         from sidecar.api.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 

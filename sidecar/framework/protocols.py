@@ -36,7 +36,8 @@ from sidecar.framework.types import (
 class WaitingOrder(Protocol):
     def order_waiting(self, step: StepView) -> Ordering:
         """Waiting request ids, first to be admitted first. Must be a permutation of
-        ``step.waiting``; the runtime maps positions onto vLLM's ``Request.priority``."""
+        ``step.waiting``; the runtime maps positions onto vLLM's ``Request.priority``,
+        where they order requests of one client priority (the client's comes first)."""
         ...
 
 
