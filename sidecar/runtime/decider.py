@@ -26,6 +26,7 @@ from sidecar.framework import (
     StepView,
 )
 from sidecar.retention.resolve import RetentionResolver
+from sidecar.runtime import slices
 from sidecar.runtime.decision_feed import DecisionFeed
 from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
@@ -169,6 +170,15 @@ class Decider:
         self._engines.pop(engine_id, None)
 
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
+        """One report's decision, all at once."""
+        return slices.run(self.decide_steps(mirror, delta, seq))
+
+    def decide_steps(self, mirror: EngineMirror, delta: ReportDelta, seq: int
+                     ) -> slices.Steps[pb.StepDecision]:
+        """One report's decision, yielding between slices of the per-request work
+        (arrivals, retention, changed priorities; :mod:`sidecar.runtime.slices`).
+        ``decide_us`` counts only the time spent deciding, not the time given away."""
+        spent_ns = 0
         started_ns = time.perf_counter_ns()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(
@@ -176,10 +186,19 @@ class Decider:
             provisional_pins=self.policy.pins_finished_requests,
             count_waiting_demand=self.policy.reads_waiting_demand)
 
-        for live in delta.arrived:
-            self.recorder.on_arrival(live.view())
+        if delta.replaced:
+            self.recorder.on_lost(live.view() for live in delta.replaced)
+        for arrived in slices.chunks(delta.arrived):
+            for live in arrived:
+                self.recorder.on_arrival(live.view())
+            spent_ns += time.perf_counter_ns() - started_ns
+            yield
+            started_ns = time.perf_counter_ns()
         if self.retention is not None:
-            self._decide_retention(mirror, delta, state, decision)
+            for _ in self._decide_retention(mirror, delta, state, decision):
+                spent_ns += time.perf_counter_ns() - started_ns
+                yield
+                started_ns = time.perf_counter_ns()
 
         step = self._step_view(mirror)
         decision.provisional_cache = self.policy.caches_provisional_pins(step)
@@ -216,7 +235,10 @@ class Decider:
                 self._record(mirror, seq, request_id, pin.job_id, kind, release.reason, inputs)
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
-        self._decide_priorities(mirror, step, state, decision)
+        for _ in self._decide_priorities(mirror, step, state, decision):
+            spent_ns += time.perf_counter_ns() - started_ns
+            yield
+            started_ns = time.perf_counter_ns()
         order = self.policy.order_pins_under_pressure(step)
         pressure_order = (tuple(order.request_ids), order.max_running)
         if pressure_order != state.sent_pressure_order:
@@ -224,7 +246,7 @@ class Decider:
             if order.max_running is not None:
                 decision.pressure_release_order.max_running = order.max_running
             state.sent_pressure_order = pressure_order
-        decision.decide_us = (time.perf_counter_ns() - started_ns) // 1000
+        decision.decide_us = (spent_ns + time.perf_counter_ns() - started_ns) // 1000
         return decision
 
     # --- pieces ----------------------------------------------------------------------
@@ -338,7 +360,7 @@ class Decider:
         delta: ReportDelta,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> None:
+    ) -> Iterator[None]:
         """Effective retention of the requests that arrived — of every live request
         when pushed directives changed since this engine last heard — sent only when
         it differs from what the engine has."""
@@ -349,7 +371,9 @@ class Decider:
         if state.retention_generation != self.retention.generation:
             state.retention_generation = self.retention.generation
             candidates = list(mirror.requests.values())
-        for live in candidates:
+        for index, live in enumerate(candidates, 1):
+            if index % slices.SLICE_ITEMS == 0:
+                yield
             effective = self.retention.for_request(live.request_id, live.job_id,
                                                    live.retention, live.retention_scope)
             key = b"" if effective is None else effective.key()
@@ -374,7 +398,7 @@ class Decider:
         step: StepView,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> None:
+    ) -> Iterator[None]:
         waiting = self.policy.order_waiting(step)
         victims = self.policy.order_victims(step)
         waiting_order = _checked(waiting, mirror.waiting_ids(), "order_waiting")
@@ -386,7 +410,9 @@ class Decider:
         for order, reason in ((waiting_order, waiting.reason),
                               (list(reversed(victim_order)), victims.reason)):
             changes = assign_priorities(order, arrival, state.sent_priority)
-            for request_id, priority in changes.items():
+            for index, (request_id, priority) in enumerate(changes.items(), 1):
+                if index % slices.SLICE_ITEMS == 0:
+                    yield
                 decision.priorities.add(request_id=request_id, priority=priority)
                 # Only changed priorities are recorded: a stable order costs nothing.
                 self._record(mirror, decision.seq, request_id, live[request_id].job_id,
