@@ -379,5 +379,4 @@ class EngineRegistry:
 
     def _update_pin_gauges(self) -> None:
         metrics.PINS_ACTIVE.set(sum(len(m.pins) for m in self.mirrors.values()))
-        metrics.PINNED_BLOCKS.set(
-            sum(pin.blocks for m in self.mirrors.values() for pin in m.pins.values()))
+        metrics.PINNED_BLOCKS.set(sum(m.pinned_blocks for m in self.mirrors.values()))

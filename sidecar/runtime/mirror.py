@@ -109,6 +109,9 @@ class EngineMirror:
             RequestState.WAITING: {}, RequestState.RUNNING: {}}
         # Read freely; changed only through add_pin / end_pin (pin_outcomes counts them).
         self.pins: dict[str, PinView] = {}
+        # The blocks those pins hold, kept as they change: the daemon's pin gauges add
+        # up one number per engine, not every pin, at each report that pins.
+        self.pinned_blocks = 0
         self.pin_outcomes = PinOutcomes(engine_id)
         self.counters = pb.EngineCounters()
         # The lags of its recent answers, from the counters (answer_lag.py).
@@ -138,6 +141,7 @@ class EngineMirror:
             self.requests.clear()
             self._live_by_job.clear()
             self.pins.clear()
+            self.pinned_blocks = 0
             self.pin_outcomes.forget()
             for views in self._views.values():
                 views.clear()
@@ -230,7 +234,11 @@ class EngineMirror:
                 delta.finished.append(Finished(request=known.view(), event=event))
 
     def add_pin(self, pin: PinView) -> None:
+        replaced = self.pins.get(pin.request_id)
+        if replaced is not None:
+            self.pinned_blocks -= replaced.blocks
         self.pins[pin.request_id] = pin
+        self.pinned_blocks += pin.blocks
         self.pin_outcomes.pinned(pin)
         # The job's next request may have arrived before its pin was decided (a tool
         # back within the report): the pin holds its context all the same.
@@ -248,6 +256,7 @@ class EngineMirror:
         """The pin is released (by the daemon or the engine); None: not held."""
         pin = self.pins.pop(request_id, None)
         if pin is not None:
+            self.pinned_blocks -= pin.blocks
             self.pin_outcomes.ended(request_id, self.now_s)
         return pin
 

@@ -104,8 +104,8 @@ def test_a_snapshot_larger_than_an_engine_holds_is_refused_at_once_naming_the_li
         with pytest.raises(grpc.RpcError) as refused:
             stub.Step(report, timeout=30)
         took_s = time.monotonic() - started
-    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-    assert limit in (refused.value.details() or "")  # type: ignore[attr-defined]
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert limit in (refused.value.details() or "")
     assert took_s < 1.0, f"refusing the snapshot took {took_s:.2f} s"
 
 
@@ -120,8 +120,8 @@ def test_a_delta_past_a_limit_is_refused_and_the_engine_must_snapshot_again(
                                   prompt_tokens=10)
         with pytest.raises(grpc.RpcError) as refused:
             stub.Step(more, timeout=30)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-        assert "limits.max_waiting_per_engine" in (refused.value.details() or "")  # type: ignore[attr-defined]
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.max_waiting_per_engine" in (refused.value.details() or "")
         after = stub.Step(pb.StepReport(engine_id="grow", seq=3, now_s=12.0, kv=KV), timeout=30)
     assert after.resync_requested
 
@@ -227,7 +227,7 @@ def test_refused_one_megabyte_reports_leave_the_daemons_memory_where_it_was(
             for _ in range(calls):
                 with pytest.raises(grpc.RpcError) as refused:
                     stub.Step(report, timeout=30)
-                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
         refuse(200)  # the first ones size gRPC's buffers
         before = process.memory_info().rss
