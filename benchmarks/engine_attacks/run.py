@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
 
     before, after = result["rate_before_per_s"], result["rate_after_per_s"]
     print(f"limits {'raised past the attacks' if args.raised_limits else 'as by default'}")
-    print(f"{'':<44}{'engine wait max':>16}{'health max':>12}{'attack':>24}")
+    print(f"{'':<36}{'engine wait max':>16}{'health max':>12}  attack: answer, time")
     for name in ("a", "b"):
         row = result["attacks"][name]
-        print(f"{row['label']:<44}{row['engine_wait_max_ms']:>13.1f} ms"
-              f"{row['health_max_ms']:>9.1f} ms{row['outcome']:>17} {row['took_s']:>5.2f} s")
+        print(f"{row['label']:<36}{row['engine_wait_max_ms']:>13.1f} ms"
+              f"{row['health_max_ms']:>9.1f} ms  {row['outcome']}, {row['took_s']:.2f} s")
     print(f"engine reports/s: before {before:.0f}, after {after:.0f} ({after / before:.2f}x)")
     c = result["refused_flood"]
     print(f"(c) {c['calls']} refused 1 MB reports in {c['took_s']:.0f} s: RSS "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import inspect_pb2
 from sidecar.framework import (
     FinishInput,
+    JobView,
     Ordering,
     PinView,
     Policy,
@@ -178,8 +178,7 @@ class Decider:
         """One report's decision, yielding between slices of the per-request work
         (arrivals, retention, changed priorities; :mod:`sidecar.runtime.slices`).
         ``decide_us`` counts only the time spent deciding, not the time given away."""
-        spent_ns = 0
-        started_ns = time.perf_counter_ns()
+        watch = slices.Stopwatch()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(
             seq=seq, policy=self.policy.name,
@@ -188,19 +187,11 @@ class Decider:
 
         if delta.replaced:
             self.recorder.on_lost(live.view() for live in delta.replaced)
-        for arrived in slices.chunks(delta.arrived):
-            for live in arrived:
-                self.recorder.on_arrival(live.view())
-            spent_ns += time.perf_counter_ns() - started_ns
-            yield
-            started_ns = time.perf_counter_ns()
+        yield from watch.steps(self._record_arrivals(delta))
         if self.retention is not None:
-            for _ in self._decide_retention(mirror, delta, state, decision):
-                spent_ns += time.perf_counter_ns() - started_ns
-                yield
-                started_ns = time.perf_counter_ns()
+            yield from watch.steps(self._decide_retention(mirror, delta, state, decision))
 
-        step = self._step_view(mirror)
+        step = yield from watch.steps(self._step_view(mirror))
         decision.provisional_cache = self.policy.caches_provisional_pins(step)
         for finished in delta.finished:
             state.sent_priority.pop(finished.request.request_id, None)
@@ -235,10 +226,7 @@ class Decider:
                 self._record(mirror, seq, request_id, pin.job_id, kind, release.reason, inputs)
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
-        for _ in self._decide_priorities(mirror, step, state, decision):
-            spent_ns += time.perf_counter_ns() - started_ns
-            yield
-            started_ns = time.perf_counter_ns()
+        yield from watch.steps(self._decide_priorities(mirror, step, state, decision))
         order = self.policy.order_pins_under_pressure(step)
         pressure_order = (tuple(order.request_ids), order.max_running)
         if pressure_order != state.sent_pressure_order:
@@ -246,17 +234,27 @@ class Decider:
             if order.max_running is not None:
                 decision.pressure_release_order.max_running = order.max_running
             state.sent_pressure_order = pressure_order
-        decision.decide_us = (spent_ns + time.perf_counter_ns() - started_ns) // 1000
+        decision.decide_us = watch.spent_ns() // 1000
         return decision
 
     # --- pieces ----------------------------------------------------------------------
-    def _step_view(self, mirror: EngineMirror) -> StepView:
+    def _record_arrivals(self, delta: ReportDelta) -> slices.Steps[None]:
+        for arrived in slices.chunks(delta.arrived):
+            for live in arrived:
+                self.recorder.on_arrival(live.view())
+            yield
+    def _step_view(self, mirror: EngineMirror) -> slices.Steps[StepView]:
+        """The step the policy sees; the jobs' views gathered a slice at a time."""
         waiting = mirror.waiting()
         running = mirror.running()
         pins = list(mirror.pins.values())
-        jobs = self.recorder.tracker.views(itertools.chain(
-            (r.job_id for r in waiting), (r.job_id for r in running),
-            (pin.job_id for pin in pins)))
+        job_ids = list(itertools.chain((r.job_id for r in waiting), (r.job_id for r in running),
+                                       (pin.job_id for pin in pins)))
+        jobs: dict[str, JobView] = {}
+        for chunk in slices.chunks(job_ids):
+            jobs.update(self.recorder.tracker.views(chunk))
+            if len(job_ids) > slices.SLICE_ITEMS:
+                yield
         # Distributions are cached by the estimator: a lookup per distinct pinned tool.
         estimator = self.recorder.estimator
         tool_times = {}
@@ -360,7 +358,7 @@ class Decider:
         delta: ReportDelta,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> Iterator[None]:
+    ) -> slices.Steps[None]:
         """Effective retention of the requests that arrived — of every live request
         when pushed directives changed since this engine last heard — sent only when
         it differs from what the engine has."""
@@ -398,7 +396,7 @@ class Decider:
         step: StepView,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> Iterator[None]:
+    ) -> slices.Steps[None]:
         waiting = self.policy.order_waiting(step)
         victims = self.policy.order_victims(step)
         waiting_order = _checked(waiting, mirror.waiting_ids(), "order_waiting")
