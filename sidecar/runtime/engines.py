@@ -192,7 +192,8 @@ class EngineRegistry:
         self.limits = limits if limits is not None else ReportLimits()
         # Held across one report's slices, so that two reports of one engine (a stream's
         # and a unary Step's, or two streams') never interleave on its mirror.
-        self._locks: dict[str, asyncio.Lock] = {}
+        # With the number of reports that hold or wait for each.
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     def handle(self, report: pb.StepReport, stream: EngineStream | None = None
                ) -> pb.StepDecision:
@@ -205,15 +206,20 @@ class EngineRegistry:
                            ) -> pb.StepDecision:
         """As :meth:`handle`, giving the event loop back between slices of the work."""
         started = time.perf_counter()
-        lock = self._locks.get(report.engine_id)
+        engine_id = report.engine_id
+        lock, users = self._locks.get(engine_id, (None, 0))
         if lock is None:
-            lock = self._locks[report.engine_id] = asyncio.Lock()
+            lock = asyncio.Lock()
+        self._locks[engine_id] = (lock, users + 1)
         try:
             async with lock:
                 return await slices.run_async(self._handle_steps(report, stream, started))
         finally:
-            if not lock.locked() and self._locks.get(report.engine_id) is lock:
-                del self._locks[report.engine_id]  # no report of this engine waits
+            lock, users = self._locks[engine_id]
+            if users == 1:
+                del self._locks[engine_id]  # no other report of this engine holds or waits
+            else:
+                self._locks[engine_id] = (lock, users - 1)
 
     def _handle_steps(self, report: pb.StepReport, stream: EngineStream | None,
                       started: float) -> slices.Steps[pb.StepDecision]:

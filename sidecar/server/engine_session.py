@@ -8,7 +8,7 @@ than the limits is RESOURCE_EXHAUSTED naming the limit (``sidecar.runtime.engine
 
 A refused report ends its call with a status set on the context and a plain return,
 not ``context.abort``: grpc.aio's abort path keeps native memory of every large request
-it refuses (about 20 KB per refused 1 MB report, without end), so a flood of refused
+it refuses (about 34 KB per refused 1 MB report, without end), so a flood of refused
 reports would grow the daemon until it is killed.
 """
 
