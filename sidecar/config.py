@@ -137,6 +137,14 @@ class LimitsConfig(_Section):
     # Decision records sent a second to all watchers together: each send costs the
     # event loop that answers engines. A watcher that falls behind is dropped.
     watch_records_per_s: float = Field(2000.0, gt=0)
+    # The most running requests, waiting requests and pins one engine's reports may
+    # hold: a snapshot (or a delta that would make the engine's mirror) past one is
+    # refused with RESOURCE_EXHAUSTED naming it. Far above a real engine: vLLM's
+    # max_num_seqs is 256 or 1,024 by default. The gRPC transport takes messages up to
+    # the largest report these allow (sidecar.server.app.max_message_bytes).
+    max_running_per_engine: int = Field(2048, ge=1)
+    max_waiting_per_engine: int = Field(8192, ge=1)
+    max_pins_per_engine: int = Field(8192, ge=1)
 
 
 class MetricsConfig(_Section):

@@ -39,7 +39,7 @@ from sidecar.retention.auth import Authenticator
 from sidecar.retention.directory import RetentionDirectory
 from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.decider import Decider, DecisionLog
-from sidecar.runtime.engines import EngineRegistry
+from sidecar.runtime.engines import EngineRegistry, ReportLimits
 from sidecar.runtime.recorder import Recorder
 from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
@@ -62,11 +62,31 @@ SERVICE_NAMES = (
     retention_pb2.DESCRIPTOR.services_by_name["Retention"].full_name,
     inspect_pb2.DESCRIPTOR.services_by_name["Inspect"].full_name,
 )
-# Decision messages carry hundreds of items at most; refuse anything far larger.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What one request or pin of a report takes on the wire at most, with every id and
+# name at its length limit (sidecar.api.bounds) in ASCII, and its retention directives.
+MAX_REPORT_ITEM_BYTES = 1024
+# Room for what is not a request or a pin: the clock, capacity, counters, headers.
+MESSAGE_HEADROOM_BYTES = 1024 * 1024
+
+
+def max_message_bytes(limits: ReportLimits) -> int:
+    """The largest message the daemon's gRPC transport takes or sends: the largest
+    report ``limits`` allow (every request and pin at ``MAX_REPORT_ITEM_BYTES``). A
+    larger one is refused by gRPC itself (RESOURCE_EXHAUSTED) before the daemon holds
+    any of it."""
+    items = limits.max_running + limits.max_waiting + limits.max_pins
+    return items * MAX_REPORT_ITEM_BYTES + MESSAGE_HEADROOM_BYTES
+
+
+def server_options(limits: ReportLimits) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes(limits)),
+        ("grpc.max_send_message_length", max_message_bytes(limits)),
+        *SERVER_OPTIONS,
+    ]
+
+
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Engines keep one stream open for days; keepalives find dead peers.
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -121,8 +141,12 @@ class Daemon:
         directory = RetentionDirectory(store, max_jobs=config.max_jobs_tracked)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
+        report_limits = ReportLimits(max_running=config.limits.max_running_per_engine,
+                                     max_waiting=config.limits.max_waiting_per_engine,
+                                     max_pins=config.limits.max_pins_per_engine)
         engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
-                                 forget_after_s=config.engine_forget_after_s)
+                                 forget_after_s=config.engine_forget_after_s,
+                                 limits=report_limits)
 
         limits = config.limits
         limiter = RateLimitInterceptor([
@@ -141,7 +165,8 @@ class Daemon:
             interceptors.append(ReadAccessInterceptor(
                 (f"/{SERVICE_NAMES[2]}/", f"/{SERVICE_NAMES[1]}/GetDirectives"),
                 authenticator))
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+        server = grpc.aio.server(options=server_options(report_limits),
+                                 interceptors=interceptors)
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
             EngineSessionService(engines, authenticator, limits.engine_takeovers_per_min,
                                  limits.engine_takeover_burst), server)
@@ -156,7 +181,7 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(options=SERVER_OPTIONS,
+            inspect_server = grpc.aio.server(options=server_options(report_limits),
                                              interceptors=interceptors)
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])

@@ -4,7 +4,8 @@ With auth tokens configured, both methods need a bearer token of an engine scope
 (``auth.engine_scopes``): UNAUTHENTICATED without a valid one, PERMISSION_DENIED for
 another scope's, or for an engine id the scope's ``auth.engine_ids`` patterns do not
 match. A stream replaced by a newer one of the same engine id ends ABORTED; a unary
-Step for an engine with a live stream is FAILED_PRECONDITION (``sidecar.runtime.engines``).
+Step for an engine with a live stream is FAILED_PRECONDITION; a report larger than the
+limits is RESOURCE_EXHAUSTED naming the limit (``sidecar.runtime.engines``).
 
 Taking an engine id over (a Session's snapshot for an id another live Session holds):
 with tokens, only a Session of the scope that holds it may (a restarting engine
@@ -12,6 +13,11 @@ reconnects with its own token), else PERMISSION_DENIED; with or without tokens, 
 ``limits.engine_takeovers_per_min`` takeovers of one id (burst
 ``limits.engine_takeover_burst``), else RESOURCE_EXHAUSTED. A refused takeover changes
 nothing: the live Session keeps the id.
+
+A refused report ends its call with a status set on the context and a plain return,
+not ``context.abort``: grpc.aio's abort path keeps native memory of every large request
+it refuses (about 34 KB per refused 1 MB report, without end), so a flood of refused
+reports would grow the daemon until it is killed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from sidecar.retention.auth import Authenticator, NotAnEngineScope, Unauthentica
 from sidecar.runtime.engines import (
     EngineRegistry,
     EngineStream,
+    ReportTooLarge,
     SessionConflict,
     SessionReplaced,
 )
@@ -108,17 +115,20 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
                     await self._check_engine_id(scope, report.engine_id, context)
                     engine_id = report.engine_id
                 if report.engine_id and report.engine_id != engine_id:
-                    await _refuse(context, InvalidReport(
+                    _refuse(context, InvalidReport(
                         "engine_id", f"changed from {engine_id!r} within one session"))
+                    return
                 if report.snapshot and engine_id is not None:
                     await self._check_takeover(engine_id, stream, context)
                 try:
-                    yield self._engines.handle(report, stream)
-                except InvalidReport as error:
-                    await _refuse(context, error)
+                    decision = await self._engines.handle_async(report, stream)
+                except (InvalidReport, ReportTooLarge) as error:
+                    _refuse(context, error)
+                    return
                 except SessionReplaced as error:
                     await ending.abort(grpc.StatusCode.ABORTED, str(error))
                     return  # ended already by the watch
+                yield decision
         finally:
             watch.cancel()
             metrics.ENGINE_SESSIONS.dec()
@@ -131,10 +141,10 @@ class EngineSessionService(engine_session_pb2_grpc.EngineSessionServicer):
         if request.engine_id:
             await self._check_engine_id(scope, request.engine_id, context)
         try:
-            return self._engines.handle(request)
-        except InvalidReport as error:
-            await _refuse(context, error)
-            raise  # unreachable: abort raises
+            return await self._engines.handle_async(request)
+        except (InvalidReport, ReportTooLarge) as error:
+            _refuse(context, error)
+            return pb.StepDecision()  # not sent: the status set ends the call
         except SessionConflict as error:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             raise  # unreachable: abort raises
@@ -162,6 +172,9 @@ async def _end_when_replaced(stream: EngineStream, ending: _Ending) -> None:
         await ending.abort(grpc.StatusCode.ABORTED, str(SessionReplaced(stream.engine_id)))
 
 
-async def _refuse(context: grpc.aio.ServicerContext, error: InvalidReport) -> None:
+def _refuse(context: grpc.aio.ServicerContext, error: InvalidReport | ReportTooLarge) -> None:
+    """End the call refusing the report (module doc: no abort); the caller returns."""
     metrics.INVALID_REPORTS.labels(error.field.split("[", 1)[0]).inc()
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+    context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(error, ReportTooLarge)
+                     else grpc.StatusCode.INVALID_ARGUMENT)
+    context.set_details(str(error))

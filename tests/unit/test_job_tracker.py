@@ -183,6 +183,18 @@ def test_only_busy_jobs_may_exceed_the_bound() -> None:
         assert view is not None and view.requests_in_flight == 1
 
 
+def test_a_job_leaving_flight_is_forgotten_after_the_jobs_idle_before_it() -> None:
+    tracker = JobTracker(max_jobs=3)
+    tracker.on_arrival("long", "l1", 0.0)  # in flight while another job comes and goes
+    tracker.on_arrival("a", "a1", 1.0)
+    tracker.on_finish("a", "a1", 1.5, None)
+    tracker.on_finish("long", "l1", 2.0, None)  # idle now, after a
+    tracker.on_arrival("b", "b1", 3.0)
+    tracker.on_arrival("c", "c1", 4.0)
+    assert "a" not in tracker
+    assert "long" in tracker and "b" in tracker and "c" in tracker
+
+
 def test_max_jobs_is_validated() -> None:
     with pytest.raises(ValueError, match="max_jobs"):
         JobTracker(max_jobs=0)
