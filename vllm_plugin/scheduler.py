@@ -29,6 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
+from vllm_plugin.clock import EngineClock
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.vllm_tool_parser import VllmToolParser
@@ -90,14 +91,17 @@ class KvtetherMixin:
         from sidecar.api.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 
+        # One clock for the agent's parts and the pool's retention durations alike.
+        clock = EngineClock()
         # Retention priorities on this scheduler's own block pool (which stays vLLM's own
         # class, unchanged, until a block is retained).
-        retention = install_retention(sched.kv_cache_manager.block_pool)
+        retention = install_retention(sched.kv_cache_manager.block_pool, clock)
         load_tokenizer = _tokenizer_loader(sched.vllm_config)
         self.kvtether = EngineAgent(
             self,
             settings,
             link=DaemonLink.for_settings(settings),
+            clock=clock,
             decode_tail=_tail_decoder(load_tokenizer),
             parse_tool=resolve_tool,
             vllm_tool_parser=(
