@@ -169,6 +169,8 @@ class Decider:
         self._engines.pop(engine_id, None)
 
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
+        """Answer one step report: the policy's hooks in the order
+        ``sidecar.framework.protocols`` documents."""
         started_ns = time.perf_counter_ns()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(
