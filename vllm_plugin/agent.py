@@ -128,9 +128,10 @@ class EngineAgent:
 
     def before_schedule(self) -> None:
         """Apply whatever the daemon answered since the last step; expire local pins.
-        Requests that arrived since the last report are reported first (and their
-        ranks waited for, within the deadline), so a new request is admitted in the
-        policy's order from its very first step."""
+        Requests that arrived since the last report are reported first. Fail-open,
+        their ranks are not waited for: they queue at ``UNRANKED_PRIORITY`` (behind
+        every ranked request) until the answer lands, a step or more later.
+        Fail-closed, that answer is waited for (``closed_wait_s``) before scheduling."""
         self._reported_this_step = False
         self.answer_lag.step_index += 1
         if self.reports.new:

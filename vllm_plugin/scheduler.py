@@ -8,14 +8,18 @@ Run vLLM with::
 ``KvtetherScheduler`` picks the async or the sync class by
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap), and builds vLLM's own class when the plugin is switched
-off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides only documented hook points:
-``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
-one of them, or without an attribute the plugin reads, the plugin steps aside at start
-(``vllm_plugin.compat``). The policy lives in
-the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
-engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
-coordinates.
+off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides vLLM's scheduler methods
+``add_request``, ``schedule``, ``update_from_output``, ``make_stats``,
+``_free_request`` / ``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``.
+On this scheduler's own objects only, it also replaces the KV cache manager's
+``allocate_slots`` while pins are held (:meth:`KvtetherMixin._wrap_allocation`),
+wraps its ``free`` and ``pop_blocks_for_free`` (:meth:`KvtetherMixin._wrap_frees`),
+and lets the block pool take a subclass of vLLM's class while blocks are retained
+(``vllm_plugin.retention``). On a vLLM without one of these, or without an attribute
+the plugin reads, the plugin steps aside at start (``vllm_plugin.compat``). The
+policy lives in the daemon (what the engine does without it, in
+``vllm_plugin.fallback``), the engine-side bookkeeping in
+``vllm_plugin.agent.EngineAgent`` and the parts it coordinates.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ Contracts shared by every hook (``tests/unit/test_policy_contract.py`` checks th
 against every registered policy and the example in docs/policies.md):
 - called on the daemon's decision path: fast, no I/O, no store access, no clock but
   the step's ``now_s``, no randomness;
+- called on the daemon's event-loop thread, one call at a time (``forget_engine``
+  too): a policy needs no lock;
 - inputs are frozen plain data (``sidecar.framework.types``); what one hook of a step
   computes for another goes in the step's ``scratch``, never in a cache matched by
   object identity;

@@ -934,7 +934,7 @@ def test_reports_carry_the_work_each_step_did_and_how_long_it_took(
     assert all(w.busy_s > 0.0 for w in work), "every step is timed"
 
 
-def test_item8_a_request_id_the_daemon_refuses_costs_the_engine_nothing(
+def test_a_request_id_the_daemon_refuses_costs_the_engine_nothing(
         engines: MakeEngine, continuum: DaemonProcess) -> None:
     # vLLM takes a client's own request_id (or X-Request-Id) of any length and content;
     # the daemon refuses a report naming one. Such a request is left to vLLM, while
