@@ -22,11 +22,12 @@ Contract (what the tests in ``tests/unit/test_retention_pool.py`` hold it to):
   reuse watchers) is never copied. ``get_num_free_blocks`` counts both.
 - **Reuse.** A block hit from the cache (``touch``) leaves the priority structure; its
   side-table entry stays, so it is queued at its priority again when freed again.
-- **Expiry.** A duration runs from the free. An expired block moves to the
-  most-recently-used end of vLLM's queue (TensorRT-LLM's refresh) and loses its
-  entry. Expiries sit in a heap checked lazily; each heap item carries the
-  generation of the free it belongs to, so an item left over from an earlier free of
-  the same block (it was reused and freed again since) is skipped, never applied.
+- **Expiry.** A duration runs from the free, on the clock given to :func:`install`
+  (the engine's one clock). An expired block moves to the most-recently-used end of
+  vLLM's queue (TensorRT-LLM's refresh) and loses its entry. Expiries sit in a heap
+  checked lazily; each heap item carries the generation of the free it belongs to,
+  so an item left over from an earlier free of the same block (it was reused and
+  freed again since) is skipped, never applied.
   Eviction order itself uses no heap: the per-priority queues are exact.
 - **Clearing.** A block whose hash is evicted (reallocation, ``evict_blocks``, the
   scheduler's own evictions) loses its entry; ``reset_prefix_cache`` clears the table.
@@ -44,7 +45,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -394,10 +394,12 @@ class Retention:
         return len(self.pool._entries)
 
 
-def install(pool: Any, clock_s: Callable[[], float] = time.monotonic) -> Retention | None:
+def install(pool: Any, clock_s: Callable[[], float]) -> Retention | None:
     """Give the scheduler's own block pool a retention side table (in place: every
     manager holding the pool sees it); the pool stays vLLM's class until something is
-    retained. Also reachable as ``pool.kvtether_retention``. None when this pool
+    retained. Durations run on ``clock_s``: the engine's one clock
+    (``vllm_plugin.clock.EngineClock``), the one the agent stamps pins and provisional
+    bounds with. Also reachable as ``pool.kvtether_retention``. None when this pool
     cannot take it: prefix caching off (nothing is retained), or a pool class this
     version does not know (e.g. a connector's); vLLM then runs unchanged."""
     existing = getattr(pool, "kvtether_retention", None)

@@ -8,14 +8,18 @@ Run vLLM with::
 ``KvtetherScheduler`` picks the async or the sync class by
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap), and builds vLLM's own class when the plugin is switched
-off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides only documented hook points:
-``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
-one of them, or without an attribute the plugin reads, the plugin steps aside at start
-(``vllm_plugin.compat``). The policy lives in
-the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
-engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
-coordinates.
+off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides vLLM's scheduler methods
+``add_request``, ``schedule``, ``update_from_output``, ``make_stats``,
+``_free_request`` / ``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``.
+On this scheduler's own objects only, it also replaces the KV cache manager's
+``allocate_slots`` while pins are held (:meth:`KvtetherMixin._wrap_allocation`),
+wraps its ``free`` and ``pop_blocks_for_free`` (:meth:`KvtetherMixin._wrap_frees`),
+and lets the block pool take a subclass of vLLM's class while blocks are retained
+(``vllm_plugin.retention``). On a vLLM without one of these, or without an attribute
+the plugin reads, the plugin steps aside at start (``vllm_plugin.compat``). The
+policy lives in the daemon (what the engine does without it, in
+``vllm_plugin.fallback``), the engine-side bookkeeping in
+``vllm_plugin.agent.EngineAgent`` and the parts it coordinates.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
+from vllm_plugin.clock import EngineClock
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.vllm_tool_parser import VllmToolParser
@@ -107,14 +112,17 @@ class KvtetherMixin:
         from sidecar.api.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 
+        # One clock for the agent's parts and the pool's retention durations alike.
+        clock = EngineClock()
         # Retention priorities on this scheduler's own block pool (which stays vLLM's own
         # class, unchanged, until a block is retained).
-        retention = install_retention(sched.kv_cache_manager.block_pool)
+        retention = install_retention(sched.kv_cache_manager.block_pool, clock)
         load_tokenizer = _tokenizer_loader(sched.vllm_config)
         self.kvtether = EngineAgent(
             self,
             settings,
             link=DaemonLink.for_settings(settings),
+            clock=clock,
             decode_tail=_tail_decoder(load_tokenizer),
             parse_tool=resolve_tool,
             vllm_tool_parser=(

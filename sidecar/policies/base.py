@@ -1,8 +1,9 @@
 """vLLM's own behaviour for every extension point, and helpers shared by policies.
 
-A policy subclasses :class:`NativePolicy` and overrides the one to three hooks where it
-differs from vLLM; every hook it leaves alone keeps vLLM's semantics, so a partial
-policy is always a complete, safe one.
+A policy subclasses :class:`NativePolicy` and overrides the hooks where it differs
+from vLLM (``sidecar.framework.protocols.Policy`` lists all seven, the three class
+attributes the runtime reads, and the order of the calls); every hook it leaves alone
+keeps vLLM's semantics, so a partial policy is always a complete, safe one.
 
 Contracts (``sidecar.framework.protocols``, checked against every registered policy by
 ``tests/unit/test_policy_contract.py``): no I/O, no clock but the step's ``now_s``, no

@@ -187,7 +187,8 @@ class Decider:
         self._engines.pop(engine_id, None)
 
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
-        """One report's decision, all at once."""
+        """One report's decision, all at once: the policy's hooks in the order
+        ``sidecar.framework.protocols`` documents."""
         return slices.run(self.decide_steps(mirror, delta, seq))
 
     def decide_steps(self, mirror: EngineMirror, delta: ReportDelta, seq: int

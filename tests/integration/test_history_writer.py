@@ -85,7 +85,7 @@ def serving(channel: grpc.Channel) -> bool:
     return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_item1_reserved_tool_name_keeps_history_written() -> None:
+def test_reserved_tool_name_keeps_history_written() -> None:
     with running_daemon("--policy", "continuum") as daemon, daemon.channel() as channel:
         stub = engine_session_pb2_grpc.EngineSessionStub(channel)
         # A turn whose tool is "*" (the pool of every tool), then the job's next turn.
@@ -107,7 +107,7 @@ def test_item1_reserved_tool_name_keeps_history_written() -> None:
                       field="new_requests") == 1
 
 
-def test_item1_infinite_finish_then_arrival_keeps_history_written() -> None:
+def test_infinite_finish_then_arrival_keeps_history_written() -> None:
     with running_daemon("--policy", "continuum") as daemon, daemon.channel() as channel:
         stub = engine_session_pb2_grpc.EngineSessionStub(channel)
         # A finish at +inf, then the job's next turn arriving at +inf (inf - inf = NaN).
@@ -147,7 +147,7 @@ async def _later_job(channel: grpc.aio.Channel, engine_id: str) -> None:
                         finish_reason=pb.FINISH_REASON_STOP, tool="ls", blocks=2)]))
 
 
-async def test_item1_writer_drops_a_record_it_cannot_apply_and_goes_on() -> None:
+async def test_writer_drops_a_record_it_cannot_apply_and_goes_on() -> None:
     # Past the edge (as a bug in the daemon itself would): two tool times of the
     # pool's name reach the writer, which cannot apply them. (A NaN or endless one
     # never reaches it: the recorder leaves out what no finished turn can produce.)
@@ -172,7 +172,7 @@ async def test_item1_writer_drops_a_record_it_cannot_apply_and_goes_on() -> None
             == restarts_before
 
 
-async def test_item1_daemon_restarts_a_writer_that_ended() -> None:
+async def test_daemon_restarts_a_writer_that_ended() -> None:
     async with inprocess_daemon(policy={"name": "continuum"}) as (_daemon, channel):
         restarts_before = sample("kvtether_background_task_restarts_total", task="recorder")
         with capture_logs() as logs:

@@ -115,7 +115,7 @@ def test_take_decisions_waits_at_most_the_deadline() -> None:
             link.close()
 
 
-def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_path: Path) -> None:
+def test_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_path: Path) -> None:
     token = "engine-token-0123456789"
     config = tmp_path / "kvtether.yaml"
     config.write_text(yaml.safe_dump({"auth": {"tokens": {token: "engines"},
@@ -145,7 +145,7 @@ def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_pat
             anonymous.close()
 
 
-def test_item6_a_link_the_daemon_refuses_warns_once_and_backs_off(
+def test_a_link_the_daemon_refuses_warns_once_and_backs_off(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # An engine without the token it needs: every session is refused at once. The link
     # keeps trying (the token may be fixed, the daemon restarted) but at its backoff's

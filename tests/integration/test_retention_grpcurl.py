@@ -149,7 +149,7 @@ def test_the_daemon_warns_when_scopes_are_not_authenticated() -> None:
     assert '"event": "retention_scopes_unauthenticated"' in logs
 
 
-def test_item9_clear_directives_error_says_how(open_daemon: DaemonProcess) -> None:
+def test_clear_directives_error_says_how(open_daemon: DaemonProcess) -> None:
     target = {"session_id": "s-item9"}
     config = DIRECTIVES["config"]
     # README's SetDirectives, bearer header and no scope, on a daemon without auth

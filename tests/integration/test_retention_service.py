@@ -199,7 +199,7 @@ async def test_with_auth_mutations_need_a_valid_token(
     assert read.owner_scope == "owner" and read.config == ranges((0, None, 80))
 
 
-async def test_item4_announcements_of_many_jobs_leave_memory_bounded() -> None:
+async def test_announcements_of_many_jobs_leave_memory_bounded() -> None:
     """An orchestrator (or anyone) announcing tool calls for ever new job ids: what
     the daemon keeps of them stays within its job bound, not one entry per call."""
     import gc

@@ -15,7 +15,7 @@ async def test_refreshing_expiries_does_not_grow_the_deadline_heap() -> None:
     assert (await store.hgetall(keys.tool_stats("tool-3")))["count"] == 1000
 
 
-async def test_item5_job_histories_are_bounded_by_count_oldest_first() -> None:
+async def test_job_histories_are_bounded_by_count_oldest_first() -> None:
     """100k one-request jobs within the history TTL: the store keeps at most its
     bound of histories, dropping the least recently written first."""
     store = EmbeddedStore(max_histories=1_000)

@@ -178,7 +178,7 @@ def bounded_registry(clock: Clock, max_jobs: int) -> tuple[EngineRegistry, JobTr
     return engines, tracker
 
 
-def test_item5_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> None:
+def test_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> None:
     """Bound 200; five engines with 150 live requests each disconnect (their pods were
     replaced): once they are gone, the daemon holds at most the bound, not 950 jobs
     whose requests it can never see finish."""
@@ -199,7 +199,7 @@ def test_item5_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> Non
         assert view is None or view.requests_in_flight == 0
 
 
-def test_item5_a_reconnect_within_the_forget_window_counts_each_turn_once() -> None:
+def test_a_reconnect_within_the_forget_window_counts_each_turn_once() -> None:
     """The engine resends its live requests in the reconnect's snapshot: they are in
     flight again, and a request that finishes afterwards is one turn, with the tool
     time of its job measured once."""
