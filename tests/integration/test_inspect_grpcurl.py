@@ -111,9 +111,9 @@ def test_list_jobs(daemon: DaemonProcess) -> None:
     assert set(jobs) == {"job-ls", "job-wait"}
     assert jobs["job-ls"] == {
         "job_id": "job-ls", "first_arrival_s": 0.5, "turns_finished": 1,
-        "requests_in_flight": 1, "last_tool": "ls", "pinned_blocks": PINNED_BLOCKS,
-        "engine_id": ENGINE,
-    }
+        "last_tool": "ls", "pinned_blocks": PINNED_BLOCKS, "engine_id": ENGINE,
+    }  # no requests_in_flight: a unary Step's requests hold no job in flight after the
+    # call (only a Session stream does: sidecar.runtime.engines)
     # Zero values are left out: job-wait has finished nothing and holds no pin.
     assert "turns_finished" not in jobs["job-wait"] and "pinned_blocks" not in jobs["job-wait"]
 
@@ -244,8 +244,9 @@ def test_inspect_policy_table(daemon: DaemonProcess) -> None:
 def test_inspect_jobs_table(daemon: DaemonProcess) -> None:
     table = rows(kvtether_inspect(daemon, "jobs"))
     assert table[0] == ["job", "engine", "turns", "in flight", "last tool", "pinned blocks"]
-    assert ["job-ls", ENGINE, "1", "1", "ls", str(PINNED_BLOCKS)] in table[1:]
-    assert ["job-wait", ENGINE, "0", "1", "-", "0"] in table[1:]
+    # "in flight" is 0: a unary Step's requests hold no job in flight after the call.
+    assert ["job-ls", ENGINE, "1", "0", "ls", str(PINNED_BLOCKS)] in table[1:]
+    assert ["job-wait", ENGINE, "0", "0", "-", "0"] in table[1:]
 
 
 def test_inspect_job_tables(daemon: DaemonProcess) -> None:
