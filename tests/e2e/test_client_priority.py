@@ -27,6 +27,9 @@ BLOCK_TOKENS = 128
 # and a third does not; an interactive request takes 1 block.
 BATCH_PROMPT_TOKENS = 6 * BLOCK_TOKENS + 1
 BATCH_OUTPUT_TOKENS = 376
+# Ten batch requests: while the first pair runs, eight wait, several seconds of queue,
+# so an API server slow to hand the interactive requests over still lands them there.
+BATCH_REQUESTS = 10
 
 
 def done_s(engine: LiveEngine, priority: int, prompt: list[int], max_tokens: int) -> float:
@@ -51,15 +54,16 @@ def test_the_higher_priority_class_does_not_wait_behind_the_lower_one(
         job.turn(last=False, priority=BATCH)
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         batch = [pool.submit(done_s, engine, BATCH, tokens(index, BATCH_PROMPT_TOKENS),
-                             BATCH_OUTPUT_TOKENS) for index in range(6)]
-        time.sleep(0.5)  # the first pair runs, four batch requests wait
+                             BATCH_OUTPUT_TOKENS) for index in range(BATCH_REQUESTS)]
+        time.sleep(0.5)  # the first pair runs, eight batch requests wait
         interactive = [pool.submit(done_s, engine, INTERACTIVE, tokens(100 + index, 20), 4)
                        for index in range(4)]
         next_turns = [pool.submit(job.turn, False, "ls", 16, BATCH) for job in jobs]
         batch_done_s = sorted(future.result() for future in batch)
         interactive_done_s = sorted(future.result() for future in interactive)
         answers = [future.result() for future in next_turns]
-    # The last pair at least was still queued when the interactive requests came.
+    # Served at the first room after they arrive: the last pair at least (three more pairs
+    # ahead of it when the interactive requests came) finishes after them.
     after = [s for s in batch_done_s if s > interactive_done_s[-1]]
     assert len(after) >= 2, (
         "the interactive requests waited behind the queued batch requests",
