@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,11 +139,20 @@ def newest_release() -> str | None:
     return found.group(1) if index.returncode == 0 and found else None
 
 
-def run_tests(version: str, side: Path, pytest_args: list[str]) -> tuple[bool, str]:
-    environment = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
-    # The side directory first, then this checkout (over any installed kvtether).
+def side_environment(side: Path, environ: Mapping[str, str] | None = None
+                     ) -> dict[str, str]:
+    """The environment in which a child Python imports the release unpacked in ``side``
+    (:func:`side_directory`) on this CPU machine: ``environ`` (default: this process's)
+    with ``side`` first on ``PYTHONPATH``, then this checkout (over any installed
+    kvtether), and ``VLLM_TARGET_DEVICE=cpu``. ``scripts/conformance.py`` uses it too."""
+    environment = dict(os.environ if environ is None else environ, VLLM_TARGET_DEVICE="cpu")
     environment["PYTHONPATH"] = os.pathsep.join(
-        [str(side), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
+        [str(side), str(ROOT)] + [p for p in [environment.get("PYTHONPATH", "")] if p])
+    return environment
+
+
+def run_tests(version: str, side: Path, pytest_args: list[str]) -> tuple[bool, str]:
+    environment = side_environment(side)
     with tempfile.NamedTemporaryFile(suffix=".json") as counts_file:
         child = subprocess.run(
             [sys.executable, "-c", _CHILD, str(side) + os.sep, version, counts_file.name,

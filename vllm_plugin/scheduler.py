@@ -68,7 +68,9 @@ def _tail_decoder(load_tokenizer: Callable[[], Any]) -> Callable[[Sequence[int]]
 class KvtetherMixin:
     """Put before vLLM's scheduler class in the bases. Holds no policy."""
 
-    kvtether: EngineAgent | None
+    # A class default: vLLM's own tests build a scheduler with object.__new__ and set
+    # only the attributes vLLM's methods read; the overrides below then step aside.
+    kvtether: EngineAgent | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
