@@ -28,7 +28,8 @@ so a test that needs another model's config fails the same way everywhere. Three
 - ``fcfs-closed``: the same daemon, ``KVTETHER_PLUGIN_FAIL_MODE=closed``: the plugin
   waits for the daemon's answer at every step, so its decisions apply on every step.
 
-In the daemon modes each scheduler a test builds waits until its link is up.
+In the daemon modes each scheduler a test builds waits until its link is up. A test
+that runs longer than ``TEST_TIMEOUT_S`` fails (pytest-timeout).
 
 ``tests/conformance/expected_differences.toml`` lists the tests expected not to pass,
 each with its reason, per release and mode. A test that fails, errors or is skipped
@@ -81,6 +82,9 @@ TEST_FILES = (
 # stands in for (a text model; the multimodal ones' tests need their own configs).
 REDIRECTED_MODELS = ("facebook/opt-125m",)
 INDEX_URL = "https://pypi.org/simple/"
+# A test stuck longer than this (pytest-timeout) fails, and the run goes on. vLLM's
+# scheduler tests take seconds; a stall is a result, not a reason to hang CI.
+TEST_TIMEOUT_S = 120
 _COMPLETE = ".complete"
 
 
@@ -429,7 +433,7 @@ def run_mode(release: str, side: Path | None, tests_dir: Path, mode: Mode,
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
              "-p", "scripts.conformance_plugin", f"--rootdir={tests_dir}",
              "-c", str(tests_dir / "pyproject.toml"), "--confcutdir=tests/v1",
-             "-o", "addopts=", *pytest_args, *files],
+             "-o", "addopts=", "-o", f"timeout={TEST_TIMEOUT_S}", *pytest_args, *files],
             cwd=tests_dir, env=environment, text=True,
             stdout=None if show_output else subprocess.PIPE, stderr=subprocess.STDOUT)
         seconds = time.monotonic() - started
