@@ -26,7 +26,8 @@ so a test that needs another model's config fails the same way everywhere. Three
 - ``no-daemon``: the plugin with no daemon to reach (fail-open: vLLM's own scheduling).
 - ``fcfs``: a ``kvtether serve --policy fcfs`` daemon, the plugin at its defaults.
 - ``fcfs-closed``: the same daemon, ``KVTETHER_PLUGIN_FAIL_MODE=closed``: the plugin
-  waits for the daemon's answer at every step, so its decisions apply on every step.
+  waits for the daemon's answer at every step (at most 0.2 s,
+  ``KVTETHER_PLUGIN_CLOSED_WAIT_S``), so its decisions apply on every step.
 
 In the daemon modes each scheduler a test builds waits until its link is up. A test
 that runs longer than ``TEST_TIMEOUT_S`` fails (pytest-timeout).
@@ -98,7 +99,10 @@ class Mode:
 MODES = (
     Mode("no-daemon", daemon=False),
     Mode("fcfs", daemon=True),
-    Mode("fcfs-closed", daemon=True, env={"KVTETHER_PLUGIN_FAIL_MODE": "closed"}),
+    # The daemon answers in milliseconds; the wait for an answer is capped at 0.2 s
+    # (1 s by default) so that a step it does not answer costs the run little.
+    Mode("fcfs-closed", daemon=True, env={"KVTETHER_PLUGIN_FAIL_MODE": "closed",
+                                          "KVTETHER_PLUGIN_CLOSED_WAIT_S": "0.2"}),
 )
 MODE_NAMES = tuple(mode.name for mode in MODES)
 
