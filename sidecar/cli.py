@@ -2,14 +2,15 @@
 
     kvtether serve [--config FILE] [--policy NAME] [--param KEY=VALUE ...]
                    [--log-format json|console] ...
-    kvtether inspect [--address HOST:PORT] policy|jobs|job ID|pins|tools|explain ID|watch
+    kvtether inspect [--address HOST:PORT] [--token-file FILE]
+                     policy|jobs|job ID|pins|tools|explain ID|watch
     kvtether policies
     kvtether --version
 
 Every configuration problem ends the process with one line on stderr naming it and
 exit code 2; a daemon that cannot reach its Redis exits 3. ``serve`` and ``policies``
-need the daemon's extra (``pip install 'kvtether[daemon]'``); without it they say so
-in one line and exit 2. ``inspect`` needs only the base install, so this module
+need the daemon's extra (``pip install '.[daemon]'`` in a checkout); without it they say
+so in one line and exit 2. ``inspect`` needs only the base install, so this module
 imports the daemon's modules lazily.
 """
 
@@ -87,10 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tls-key", default="", help="mutual TLS: client key")
     inspect.add_argument("--tls-server-name", default="",
                          help="TLS: name to check the daemon's certificate against")
+    inspect.add_argument("--token-file", type=Path,
+                         help="a file holding the bearer token of a read scope (a daemon "
+                              "with auth tokens needs one); default: $KVTETHER_INSPECT_TOKEN")
     inspect.add_argument("--limit", type=int, default=0,
-                         help="jobs, pins, tools: most rows (default 100, at most 1000)")
+                         help="jobs, pins, tools, explain: most rows (default 100, at most "
+                              "1000)")
     inspect.add_argument("--page-token", default="",
-                         help="jobs, pins, tools: the page after the one that printed it")
+                         help="jobs, pins, tools, explain: the page after the one that "
+                              "printed it")
     inspect.add_argument("--anonymous", action="store_true",
                          help="jobs: also list requests sent without a job id")
     inspect.add_argument("what", choices=["policy", "jobs", "job", "pins", "tools", "explain",
@@ -203,8 +209,11 @@ EXIT_READER_GONE = 141
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("serve", "policies") and (missing := missing_daemon_modules()):
+        # No package index has kvtether: the extra is installed from where kvtether was.
         return _fail(f"`kvtether {args.command}` needs the daemon's dependencies "
-                     f"({', '.join(missing)} missing): pip install 'kvtether[daemon]'")
+                     f"({', '.join(missing)} missing): install kvtether's daemon extra, "
+                     f"pip install '.[daemon]' in its checkout or "
+                     f"pip install 'kvtether-{__version__}-py3-none-any.whl[daemon]'")
     if args.command == "serve":
         return _run_serve(args)
     try:

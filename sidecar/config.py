@@ -3,11 +3,13 @@
 Sources, later ones winning: built-in defaults < YAML file (``--config``) <
 ``KVTETHER_*`` environment (nested with ``__``, e.g. ``KVTETHER_POLICY__NAME``) <
 command-line flags. Anything wrong stops the daemon at start-up with one line naming
-the problem (:class:`ConfigError`); nothing is silently replaced by a default.
+the problem (:class:`ConfigError`), a ``KVTETHER_*`` variable that sets nothing
+included; nothing is silently replaced by a default.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -113,15 +115,36 @@ class TlsConfig(_Section):
 
 
 class LimitsConfig(_Section):
-    # Retention calls per second allowed per scope (per peer when unauthenticated),
-    # with this burst; beyond: RESOURCE_EXHAUSTED.
+    # Calls per second allowed per caller (the token's scope; the client's address
+    # without tokens), with this burst; beyond: RESOURCE_EXHAUSTED. Retention: every
+    # call. Engine: a Session stream opened or a unary Step (an engine opens one
+    # stream and keeps it). Inspect: every call, a WatchDecisions stream included.
     retention_calls_per_s: float = Field(50.0, gt=0)
     retention_burst: int = Field(100, ge=1)
+    # High: one caller may stand for many engines (with tokens, a scope shared by a
+    # fleet reconnecting at once; a replay or test tool driving engines by unary Step).
+    engine_calls_per_s: float = Field(1000.0, gt=0)
+    engine_burst: int = Field(2000, ge=1)
+    inspect_calls_per_s: float = Field(50.0, gt=0)
+    inspect_burst: int = Field(100, ge=1)
+    # Takeovers of one engine id (a Session's snapshot ending the live Session that
+    # holds the id) a minute, with this burst; beyond: RESOURCE_EXHAUSTED, and the
+    # live Session keeps the id. A restarting engine takes its id over once.
+    engine_takeovers_per_min: float = Field(6.0, gt=0)
+    engine_takeover_burst: int = Field(3, ge=1)
     # Inspect/WatchDecisions streams open at once; beyond: RESOURCE_EXHAUSTED.
     max_watchers: int = Field(64, ge=1)
     # Decision records sent a second to all watchers together: each send costs the
     # event loop that answers engines. A watcher that falls behind is dropped.
     watch_records_per_s: float = Field(2000.0, gt=0)
+    # The most running requests, waiting requests and pins one engine's reports may
+    # hold: a snapshot (or a delta that would make the engine's mirror) past one is
+    # refused with RESOURCE_EXHAUSTED naming it. Far above a real engine: vLLM's
+    # max_num_seqs is 256 or 1,024 by default. The gRPC transport takes messages up to
+    # the largest report these allow (sidecar.server.app.max_message_bytes).
+    max_running_per_engine: int = Field(2048, ge=1)
+    max_waiting_per_engine: int = Field(8192, ge=1)
+    max_pins_per_engine: int = Field(8192, ge=1)
 
 
 class MetricsConfig(_Section):
@@ -184,7 +207,10 @@ class AuthConfig(_Section):
     engines report without a token.
 
     With tokens, an engine reports steps (EngineSession) only with a token whose
-    scope ``engine_scopes`` lists; the other scopes are orchestrators' (Retention)."""
+    scope ``engine_scopes`` lists, for the engine ids ``engine_ids`` gives that scope
+    (any id where it gives none); the other scopes are orchestrators' (Retention).
+    Reading (Inspect, Retention/GetDirectives) takes a token of a ``read_scopes``
+    scope (any scope's where none is listed), unless ``inspect_open``."""
 
     tokens: dict[str, str] = Field(default_factory=dict)
     # A YAML (or JSON) mapping of token to scope, e.g. a mounted secret.
@@ -192,6 +218,14 @@ class AuthConfig(_Section):
     # The scopes whose tokens may report engine steps (the plugin's
     # KVTETHER_PLUGIN_TOKEN); each needs a token above.
     engine_scopes: tuple[str, ...] = ()
+    # Engine scope -> the engine ids its tokens may report for, as shell-style
+    # patterns (fnmatch: "vllm-0", "gpu-pool-*"). A scope not listed: any id.
+    engine_ids: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # The scopes whose tokens may read (Inspect, Retention/GetDirectives); empty:
+    # every scope's. Only with tokens configured.
+    read_scopes: tuple[str, ...] = ()
+    # True: reading needs no token even with tokens configured (still rate-limited).
+    inspect_open: bool = False
 
     @field_validator("tokens")
     @classmethod
@@ -209,6 +243,17 @@ class AuthConfig(_Section):
             raise ValueError("engine_scopes: list the scope(s) whose tokens engines report "
                              "with: with auth tokens set, an engine needs one "
                              "(KVTETHER_PLUGIN_TOKEN)")
+        for scope, patterns in self.engine_ids.items():
+            if scope not in self.engine_scopes:
+                raise ValueError(f"engine_ids: scope {scope[:32]!r} is not in "
+                                 "auth.engine_scopes")
+            if not patterns or not all(patterns):
+                raise ValueError(f"engine_ids: scope {scope[:32]!r}: list at least one "
+                                 "engine id or pattern, none empty")
+        for scope in self.read_scopes:
+            if scope not in scopes:
+                raise ValueError(f"read_scopes: scope {scope[:32]!r} has no token in "
+                                 "auth.tokens or auth.tokens_file")
         return self
 
     def token_scopes(self) -> dict[str, str]:
@@ -304,13 +349,68 @@ def _describe(error: ValidationError) -> ConfigError:
     return ConfigError(f"{where or 'config'}: {message}", where)
 
 
-def load_config(path: Path | None = None, flags: Mapping[str, Any] | None = None) -> DaemonConfig:
+# KVTETHER_* variables that are not the daemon's settings: the plugin's (checked by the
+# plugin, vllm_plugin/settings.py: a daemon may share an environment with an engine),
+# `kvtether inspect`'s token, and those of the repository's scripts and tests.
+OTHER_PREFIXES = ("KVTETHER_PLUGIN_",)
+OTHER_VARIABLES = frozenset({
+    "KVTETHER_INSPECT_TOKEN",
+    "KVTETHER_VENV", "KVTETHER_VLLM_MATRIX", "KVTETHER_TINY_MODEL_DIR",
+    "KVTETHER_ENGINE_PYTHON", "KVTETHER_ENGINE_FORCE", "KVTETHER_ALLOW_SYSTEM_PYTHON",
+    "KVTETHER_E2E_DEADLINE_MS",
+})
+
+
+def _sections() -> dict[str, type[BaseModel]]:
+    """The configuration's sections (``policy``, ``auth``, ...) by upper-case name."""
+    return {name.upper(): field.annotation for name, field in DaemonConfig.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+
+
+def daemon_variables() -> list[str]:
+    """Every variable that sets one of the daemon's settings: each top-level key, each
+    section whole (JSON) and each key of a section."""
+    names = [ENV_PREFIX + name.upper() for name in DaemonConfig.model_fields]
+    for section, model in _sections().items():
+        names += [f"{ENV_PREFIX}{section}__{key.upper()}" for key in model.model_fields]
+    return names
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Raise ConfigError for a ``KVTETHER_*`` variable that sets nothing: pydantic-settings
+    reads only the names of settings, so a misspelt one (``KVTETHER_POLCY__NAME``,
+    ``KVTETHER_AUTH_TOKENS``) would otherwise leave its setting at the default, unnoticed.
+    Keys inside a section (``KVTETHER_AUTH__TOKENZ``) are the section's to refuse."""
+    known = daemon_variables()
+    sections = _sections()
+    for variable in sorted(environ):
+        name = variable.upper()  # pydantic-settings matches names case-insensitively
+        if (not name.startswith(ENV_PREFIX) or name.startswith(OTHER_PREFIXES)
+                or name in OTHER_VARIABLES):
+            continue
+        head, nested, _rest = name.removeprefix(ENV_PREFIX).partition("__")
+        if ENV_PREFIX + head in known and (not nested or head in sections):
+            continue
+        # Matched without the prefix, which every name shares.
+        nearest = difflib.get_close_matches(name.removeprefix(ENV_PREFIX),
+                                            [known_name.removeprefix(ENV_PREFIX)
+                                             for known_name in known], n=1)
+        hint = (f"did you mean {ENV_PREFIX}{nearest[0]}?" if nearest
+                else "see the daemon settings in docs/operations.md")
+        raise ConfigError(f"{variable}: unknown variable; {hint}")
+
+
+def load_config(path: Path | None = None, flags: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> DaemonConfig:
     """Load and validate; raise ConfigError with one line naming the first problem.
+    ``environ``: the environment to check for misspelt ``KVTETHER_*`` names (the
+    process's by default; the settings themselves are read from the process's).
 
     The policy name and parameters are validated separately by
     ``sidecar.policies.registry.build_policy`` when the daemon starts, and the Redis
     URL by connecting to it: both stop the daemon with one line too.
     """
+    check_environment(os.environ if environ is None else environ)
     file_values = _read_yaml(path) if path is not None else {}
 
     class _Loaded(DaemonConfig):

@@ -1,8 +1,12 @@
-"""``kvtether inspect``: the Inspect service as tables, for people without grpcurl."""
+"""``kvtether inspect``: the Inspect service as tables, for people without grpcurl.
+
+A daemon with auth tokens answers Inspect only to a token of a read scope: the CLI
+sends the one in ``--token-file``, else in ``KVTETHER_INSPECT_TOKEN``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -40,7 +44,25 @@ def _more(next_page_token: str) -> str:
     return f"\nmore: --page-token {next_page_token}" if next_page_token else ""
 
 
+TOKEN_VARIABLE = "KVTETHER_INSPECT_TOKEN"
+
+
+def _token(args: argparse.Namespace) -> str:
+    """The bearer token to send: ``--token-file``'s, else ``$KVTETHER_INSPECT_TOKEN``;
+    "" for none. Raises OSError for a file it cannot read."""
+    if args.token_file is not None:
+        return str(args.token_file.read_text().strip())
+    return os.environ.get(TOKEN_VARIABLE, "").strip()
+
+
 def run_inspect(args: argparse.Namespace) -> int:
+    try:
+        token = _token(args)
+    except OSError as error:
+        print(f"kvtether: error: --token-file {args.token_file}: "
+              f"{error.strerror or error}", file=sys.stderr)
+        return 2
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
     if args.tls_ca or args.tls_cert:
         from sidecar.api.credentials import channel_credentials
 
@@ -51,7 +73,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             options=options)
     else:
         channel = grpc.insecure_channel(args.address)
-    stub = inspect_pb2_grpc.InspectStub(channel)
+    stub = _WithMetadata(inspect_pb2_grpc.InspectStub(channel), metadata)
     timeout_s = args.timeout_s
     try:
         return _dispatch(stub, args, timeout_s)
@@ -64,6 +86,20 @@ def run_inspect(args: argparse.Namespace) -> int:
         return 0
     finally:
         channel.close()
+
+
+class _WithMetadata:
+    """The stub's methods, each sending ``metadata`` (the token) with the call."""
+
+    def __init__(self, stub: inspect_pb2_grpc.InspectStub,
+                 metadata: tuple[tuple[str, str], ...] | None) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __getattr__(self, name: str) -> object:
+        method = getattr(self._stub, name)
+        metadata = self._metadata
+        return lambda request, **kwargs: method(request, metadata=metadata, **kwargs)
 
 
 def _prefill_load(cost: pb.EngineStepCost) -> tuple[str, str]:
@@ -134,7 +170,9 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
             [(t.tool, t.count, t.mean_s, t.p50_s, t.p90_s, t.p99_s) for t in tools.tools])
                + _more(tools.next_page_token))
     elif args.what == "explain":
-        answer = stub.Explain(pb.ExplainRequest(request_id=args.id), timeout=timeout_s)
+        answer = stub.Explain(pb.ExplainRequest(request_id=args.id, limit=args.limit,
+                                                page_token=args.page_token),
+                              timeout=timeout_s)
         if not answer.found:
             print(f"request {args.id}: no decision recorded", file=sys.stderr)
             return 1
@@ -143,7 +181,8 @@ def _dispatch(stub: inspect_pb2_grpc.InspectStub, args: argparse.Namespace,
             f"{d.kind} for {d.request_id} (job {d.job_id}, engine {d.engine_id}, "
             f"seq {d.seq}, policy {d.policy}, at {d.at_s:.3f} s)\nwhy: {d.reason}\n"
             + _table(("input", "value"), sorted(d.inputs.items()))
-            for d in reversed(answer.decisions or [answer.decision])))
+            for d in reversed(answer.decisions or [answer.decision]))
+            + _more(answer.next_page_token))
     elif args.what == "watch":
         for record in stub.WatchDecisions(pb.WatchDecisionsRequest()):
             _print(record, args.json,

@@ -23,12 +23,12 @@ duck-typed against vLLM 0.32/0.33's ``Scheduler``: ``requests``, ``running``,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from vllm_plugin import fallback
+from vllm_plugin.clock import EngineClock
 from vllm_plugin.decisions import DecisionApplier
 from vllm_plugin.demand import WaitingDemand
 from vllm_plugin.link import DaemonLink
@@ -42,6 +42,7 @@ from vllm_plugin.metadata import (
 from vllm_plugin.pins import Pin, PinTable
 from vllm_plugin.pressure import AllocationGuard, PinPressure
 from vllm_plugin.provisional import ProvisionalCache
+from vllm_plugin.ranks import RankedPriority
 from vllm_plugin.reports import ReportBuilder
 from vllm_plugin.request_retention import RequestRetention
 from vllm_plugin.settings import PluginSettings
@@ -55,13 +56,17 @@ class EngineAgent:
         scheduler: Any,
         settings: PluginSettings,
         link: DaemonLink | None = None,
-        clock_s: Callable[[], float] = time.time,
+        clock: EngineClock | None = None,
         decode_tail: Callable[[Sequence[int]], str] | None = None,
         parse_tool: Callable[[str | None, str | None], str | None] | None = None,
         vllm_tool_parser: VllmToolParser | None = None,
     ) -> None:
         self.sched = scheduler
         self.settings = settings
+        # The one clock every part below reads (vllm_plugin.clock); the scheduler gave
+        # the block pool's retention the same one.
+        self.clock = clock if clock is not None else EngineClock()
+        clock_s = self.clock
         self.link = link if link is not None else DaemonLink.for_settings(settings)
         self._decode_tail = decode_tail
         self._parse_tool = parse_tool
@@ -97,19 +102,7 @@ class EngineAgent:
                                          self.answer_lag)
         self.pressure = PinPressure(scheduler, self.link, self.counters, self.pin_table,
                                     self.decisions.orders, self.allocation, self.metadata)
-        self._clock_s = clock_s
         self._reported_this_step = False
-
-    # vLLM stamps arrivals with time.time(); the daemon decides on this clock. A
-    # replacement (the twin's virtual clock) reaches every part that reads it.
-    @property
-    def clock_s(self) -> Callable[[], float]:
-        return self._clock_s
-
-    @clock_s.setter
-    def clock_s(self, clock_s: Callable[[], float]) -> None:
-        self._clock_s = clock_s
-        self.timing.clock_s = self.reports.clock_s = self.pin_table.clock_s = clock_s
 
     @property
     def seq(self) -> int:
@@ -123,10 +116,13 @@ class EngineAgent:
     # --- hooks called by the scheduler ------------------------------------------------
     def on_add(self, request: Any) -> None:
         """A new request, before vLLM enqueues it."""
-        meta = read_metadata(request)
+        meta = read_metadata(request, int(getattr(self.sched, "block_size", 0) or 0))
         self.metadata[request.request_id] = meta
         self.counters.kv_hint_actions_ignored += meta.kv_hint_actions_ignored
-        request.priority = fallback.UNRANKED_PRIORITY
+        self.counters.kv_hint_fields_refused += meta.kv_hint_fields_refused
+        # The client's priority stays the first key of vLLM's order; the daemon's rank
+        # orders requests inside it (vllm_plugin.ranks).
+        request.priority = RankedPriority(request.priority)
         if not reportable(request.request_id):
             self._unreported.add(request.request_id)
             return
@@ -136,9 +132,10 @@ class EngineAgent:
 
     def before_schedule(self) -> None:
         """Apply whatever the daemon answered since the last step; expire local pins.
-        Requests that arrived since the last report are reported first (and their
-        ranks waited for, within the deadline), so a new request is admitted in the
-        policy's order from its very first step."""
+        Requests that arrived since the last report are reported first. Fail-open,
+        their ranks are not waited for: they queue at ``UNRANKED_PRIORITY`` (behind
+        every ranked request) until the answer lands, a step or more later.
+        Fail-closed, that answer is waited for (``closed_wait_s``) before scheduling."""
         self._reported_this_step = False
         self.answer_lag.step_index += 1
         if self.reports.new:
@@ -153,7 +150,7 @@ class EngineAgent:
         if not self.link.connected or self.answer_lag.overdue():
             self.counters.fallback_steps += 1
         if self.provisional is not None and self.provisional.waiting:
-            self.provisional.expire(self._clock_s())
+            self.provisional.expire(self.clock())
         self.pin_table.expire()
         self.pressure.set_allocation_hook()
 
@@ -166,7 +163,7 @@ class EngineAgent:
             self.pins and not self.sched.running and self.pressure.release_for_idle_engine())
         if not self.link.connected:
             return
-        now_s = self._clock_s()
+        now_s = self.clock()
         self.timing.start(output, now_s)
         self.reports.scheduled(output, now_s)
 

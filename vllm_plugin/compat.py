@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 # vLLM releases the plugin's test suite runs against (scripts/dev.sh test).
-TESTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")
+TESTED_VLLM_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 # vLLM's Scheduler methods the plugin overrides (vllm_plugin.scheduler) or calls.
 # Checked on vLLM's class: on the instance, the plugin's own overrides would hide a

@@ -20,7 +20,8 @@ from vllm_plugin.fallback import capped_expiry_s, returned_job_protection
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.pins import Pin, PinTable
 from vllm_plugin.provisional import ProvisionalCache
-from vllm_plugin.reports import is_running
+from vllm_plugin.ranks import rank_of, ranked
+from vllm_plugin.reports import is_queued, is_running
 from vllm_plugin.request_retention import RequestRetention
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.timing import AnswerLag
@@ -167,15 +168,19 @@ class DecisionApplier:
         self.retention.pool.retain(pin.blocks, [protection] * len(pin.blocks), "")
 
     def _apply_priorities(self, priorities: Iterable[pb.RequestPriority]) -> None:
+        """The daemon's ranks, each inside its request's client priority
+        (``vllm_plugin.ranks``). Only live requests take one: a finished request that
+        vLLM keeps while its blocks wait to be freed is in no queue, and putting it
+        back in one would have vLLM schedule a finished request."""
         requests = self.sched.requests
         queued = []
         for item in priorities:
             request = requests.get(item.request_id)
-            if request is None or request.priority == item.priority:
+            if request is None or rank_of(request) == item.priority:
                 continue
             if is_running(request):
-                request.priority = item.priority  # victims: max() over running, no heap
-            else:
+                request.priority = ranked(request, item.priority)  # victims: max(), no heap
+            elif is_queued(request):
                 queued.append((request, item.priority))
         if not queued:
             return
@@ -187,8 +192,8 @@ class DecisionApplier:
         for queue in queues:
             queue.remove_requests(moved)
         enqueue = getattr(self.sched, "_enqueue_waiting_request", None)  # vLLM 0.32+
-        for request, priority in queued:
-            request.priority = priority
+        for request, rank in queued:
+            request.priority = ranked(request, rank)
             if enqueue is not None:
                 enqueue(request)
             else:

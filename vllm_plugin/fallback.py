@@ -7,7 +7,8 @@ daemon asked for, and never reorders requests. With every rule below taken out, 
 engine would still be correct, only slower: an engine idling on pins until the
 daemon's answer comes, a running request preempted while a pin stays held.
 
-- :data:`UNRANKED_PRIORITY`: where a request waits until the daemon ranks it.
+- ``vllm_plugin.ranks.UNRANKED_RANK``: where a request waits, among those of its
+  client's priority, until the daemon ranks it.
 - :func:`local_bound_s` / :func:`capped_expiry_s`: a pin ends at a bound the engine
   keeps itself, whatever the daemon says or does not say.
 - :func:`holds_finished_turn` / :func:`job_is_over`: which finished requests are
@@ -32,11 +33,6 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 if TYPE_CHECKING:
     from vllm_plugin.pins import Pin
 
-# Priority of a request the daemon has not ranked yet: behind every ranked request,
-# FCFS among themselves (vLLM breaks ties by arrival time), until the daemon's ranks
-# come with the next step. Safe: among themselves, vLLM's own order. The daemon's
-# values stay below this (sidecar.runtime.priorities.PRIORITY_LIMIT).
-UNRANKED_PRIORITY = 1 << 30
 # Finish reasons after which a job may come back for its context: the turn stopped
 # (a tool call, an answer) or hit its token cap. An aborted or failed request's
 # context is not worth holding.

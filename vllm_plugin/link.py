@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -31,7 +32,14 @@ logger = logging.getLogger("kvtether.plugin")
 
 _CLOSE = object()
 # Reconnect backoff: quick at first (a daemon restart takes ~1 s), capped low so
-# the engine is back on policy soon after the daemon returns.
+# the engine is back on policy soon after the daemon returns. Each wait is drawn
+# with "full jitter" (AWS, "Exponential Backoff And Jitter"): uniform in [0, step].
+# Every engine of a restarted daemon loses its stream at the same instant; with
+# fixed waits they would all come back together, each with a full snapshot. Full
+# jitter spreads them over the whole step and never waits longer than the step.
+# Not equal jitter: it keeps half of each wait fixed, half the spread. Not
+# decorrelated jitter (min(cap, uniform(base, 3 x previous wait))): once at the
+# 1 s cap, about two waits in three are exactly 1 s, in lockstep again.
 _BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
 # Reports queued while disconnected are dropped: the reconnect starts with a snapshot.
 _MAX_QUEUED_REPORTS = 1024
@@ -43,8 +51,13 @@ Finish = Callable[[pb.StepReport], None]
 class DaemonLink:
     def __init__(self, address: str, connect: bool = True,
                  credentials: grpc.ChannelCredentials | None = None,
-                 server_name: str = "", token: str = "") -> None:
+                 server_name: str = "", token: str = "",
+                 rng: random.Random | None = None) -> None:
         self.address = address
+        # The reconnect jitter's source. Each link seeds its own from the OS, so two
+        # engines (or two links of one process) never draw the same waits; tests
+        # pass a seeded one.
+        self._rng = rng if rng is not None else random.Random()
         # TLS (or mutual TLS) to the daemon; None: plaintext (loopback, Unix socket).
         self._credentials = credentials
         self._server_name = server_name
@@ -128,6 +141,13 @@ class DaemonLink:
     def waiting_for_answer(self) -> bool:
         return self._last_answered_seq < self._last_sent_seq
 
+    def reconnect_delay_s(self, attempt: int) -> float:
+        """Seconds to wait before reconnect ``attempt`` (0: the first after a session
+        ended or a connect failed): uniform in [0, the backoff's step], never more
+        than its last step (1 s)."""
+        step_s = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
+        return self._rng.uniform(0.0, step_s)
+
     def close(self) -> None:
         self._closing.set()
         self._end_outbox()
@@ -202,7 +222,7 @@ class DaemonLink:
             if self._closing.is_set():
                 return
             self.reconnects += 1
-            time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+            time.sleep(self.reconnect_delay_s(attempt))
             attempt += 1
 
     def _end_outbox(self) -> None:

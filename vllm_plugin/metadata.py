@@ -67,6 +67,8 @@ class RequestMetadata:
     retention: retention_pb.RetentionConfig | None = None
     # KV hint actions ignored (unknown type or version, or malformed).
     kv_hint_actions_ignored: int = 0
+    # Fields refused in KV hint actions otherwise read (Dynamo's block_hashes).
+    kv_hint_fields_refused: int = 0
 
 
 def _warn(request_id: str, field: str, value: object, why: str) -> None:
@@ -154,19 +156,22 @@ def _trtllm(request_id: str, value: object) -> retention_pb.RetentionConfig | No
         return None
 
 
-def read_metadata(request: Any) -> RequestMetadata:
+def read_metadata(request: Any, block_size_tokens: int = 0) -> RequestMetadata:
     """Metadata of a vLLM ``Request`` (duck-typed: works on any object with the same
-    attributes, e.g. in the in-process twin)."""
+    attributes, e.g. in the in-process twin). ``block_size_tokens``: the engine's block
+    size, for KV hint actions that count in blocks (0: unknown)."""
     request_id = str(getattr(request, "request_id", "?"))
     params = getattr(request, "sampling_params", None)
     extra = getattr(params, "extra_args", None) or {}
     if not isinstance(extra, dict):
         extra = {}
     # vLLM >= 0.32 carries the KV hint envelope on the request; older ones have none.
-    hints = read_kv_hints(getattr(request, "kv_hints", None))
+    hints = read_kv_hints(getattr(request, "kv_hints", None), block_size_tokens)
     for problem in hints.problems:
         logger.warning("kvtether: request %s: ignoring a KV hint action: %s",
                        request_id, problem)
+    for refused in hints.refused:
+        _warn_refused_once(request_id, refused)
     job_id = _id(request_id, "job_id", extra.get("job_id"))
     if not job_id:
         job_id = _id(request_id, "kv_hints job_id", hints.job_id or None)
@@ -194,7 +199,22 @@ def read_metadata(request: Any) -> RequestMetadata:
                                      hints.retention_scope or None),
         retention=retention,
         kv_hint_actions_ignored=hints.ignored,
+        kv_hint_fields_refused=len(hints.refused),
     )
+
+
+# Refused hint fields already warned about (the field path without the request's
+# numbers): a publisher sends the same form with every request, so once per field.
+_refused_warned: set[str] = set()
+
+
+def _warn_refused_once(request_id: str, refused: str) -> None:
+    field = refused.split(":", 1)[0]
+    if field in _refused_warned or len(_refused_warned) >= _WARNED_MAX:
+        return
+    _refused_warned.add(field)
+    logger.warning("kvtether: request %s: reading a KV hint action without %s (counted in "
+                   "kv_hint_fields_refused; warned once per field)", request_id, refused)
 
 
 # Output tokens decoded at finish to find the tool call the turn ended with.

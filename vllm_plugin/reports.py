@@ -69,6 +69,8 @@ class ReportBuilder:
                 request_id=new.req_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s,
                 cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0)))
         cached = getattr(output, "scheduled_cached_reqs", None)
+        # vLLM 0.34 has no resumed_req_ids: it re-sends a resumed request in full,
+        # among the new ones above.
         for request_id in getattr(cached, "resumed_req_ids", ()) or ():
             add_event(pb.RequestEvent(
                 request_id=request_id, kind=pb.EVENT_KIND_ADMITTED, at_s=now_s))
@@ -126,9 +128,14 @@ class ReportBuilder:
         for request in list(self.sched.requests.values()):
             if request.request_id in self.unreported:
                 continue
-            meta = self.metadata.get(request.request_id) or read_metadata(request)
-            state = (pb.REQUEST_STATE_RUNNING if is_running(request)
-                     else pb.REQUEST_STATE_WAITING)
+            if is_running(request):
+                state = pb.REQUEST_STATE_RUNNING
+            elif is_queued(request):
+                state = pb.REQUEST_STATE_WAITING
+            else:
+                continue  # finished, its blocks not freed yet: gone for the daemon
+            meta = self.metadata.get(request.request_id) or read_metadata(
+                request, int(getattr(self.sched, "block_size", 0) or 0))
             report.new_requests.append(self.new_request(request, meta, state))
         for pin in pins.values():
             report.pins.add(request_id=pin.request_id, job_id=pin.job_id,
@@ -228,3 +235,12 @@ def _retention_config(request_id: str, meta: RequestMetadata) -> Any:
 
 def is_running(request: Any) -> bool:
     return getattr(getattr(request, "status", None), "name", "") == "RUNNING"
+
+
+def is_queued(request: Any) -> bool:
+    """Whether the request waits in one of vLLM's waiting queues (``waiting``,
+    ``kv_holding_waiting``): not running and not finished. vLLM keeps a finished
+    request in ``scheduler.requests`` while its blocks wait to be freed (the prefill
+    side of a P/D pair while the KV connector sends its KV; an abort while it waited
+    for remote KV): it runs no more and waits in no queue."""
+    return not is_running(request) and not request.is_finished()

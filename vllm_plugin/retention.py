@@ -22,11 +22,12 @@ Contract (what the tests in ``tests/unit/test_retention_pool.py`` hold it to):
   reuse watchers) is never copied. ``get_num_free_blocks`` counts both.
 - **Reuse.** A block hit from the cache (``touch``) leaves the priority structure; its
   side-table entry stays, so it is queued at its priority again when freed again.
-- **Expiry.** A duration runs from the free. An expired block moves to the
-  most-recently-used end of vLLM's queue (TensorRT-LLM's refresh) and loses its
-  entry. Expiries sit in a heap checked lazily; each heap item carries the
-  generation of the free it belongs to, so an item left over from an earlier free of
-  the same block (it was reused and freed again since) is skipped, never applied.
+- **Expiry.** A duration runs from the free, on the clock given to :func:`install`
+  (the engine's one clock). An expired block moves to the most-recently-used end of
+  vLLM's queue (TensorRT-LLM's refresh) and loses its entry. Expiries sit in a heap
+  checked lazily; each heap item carries the generation of the free it belongs to,
+  so an item left over from an earlier free of the same block (it was reused and
+  freed again since) is skipped, never applied.
   Eviction order itself uses no heap: the per-priority queues are exact.
 - **Clearing.** A block whose hash is evicted (reallocation, ``evict_blocks``, the
   scheduler's own evictions) loses its entry; ``reset_prefix_cache`` clears the table.
@@ -44,7 +45,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -98,7 +98,7 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
         self.__class__ = RetentionBlockPool
         changed = 0
         for block, protection in zip(blocks, protections, strict=False):
-            if block.is_null or block.ref_cnt == 0 or block.pool is not self:
+            if block.is_null or block.ref_cnt == 0 or not self._owns(block):
                 continue
             changed += self._assign(block, protection, scope)
         self._settle()
@@ -119,7 +119,7 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
         changed = 0
         in_freeing_order = list(zip(blocks, block_hashes, protections, strict=False))[::-1]
         for block, block_hash, protection in in_freeing_order:
-            if (block.is_null or block.pool is not self or block_hash is None
+            if (block.is_null or not self._owns(block) or block_hash is None
                     or block.block_hash != block_hash):
                 continue  # evicted since: other content now
             if block.ref_cnt > 0:  # reused since (a prefix hit): tag it for its next free
@@ -169,9 +169,25 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
         # vLLM 0.32's count is its free queue's; the priority queues hold the rest.
         return int(self.free_block_queue.num_free_blocks) + len(self._queued)
 
-    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
-        self._free_retained(ordered_blocks)
+    def free_blocks(self, ordered_blocks: Iterable[Any], evict_first: bool = False) -> None:
+        if evict_first:
+            # vLLM 0.34 on (its CPU offload): blocks another tier already holds go to
+            # the front of the free queue, retained or not; freed for good, they drop
+            # their entries.
+            blocks = list(ordered_blocks)
+            for block in blocks:
+                if self._owns(block) and block.ref_cnt == 1:
+                    self._entries.pop(block.block_id, None)
+            _vllm.free_blocks(self, blocks, evict_first=True)
+        else:
+            self._free_retained(ordered_blocks)
         self._settle()
+
+    def _owns(self, block: Any) -> bool:
+        # A block's pool: vLLM 0.34 keeps a weak reference to it (KVCacheBlock.pool,
+        # BlockPool._weak_self); vLLM 0.33 and before, the pool itself.
+        owner, weak_self = block.pool, getattr(self, "_weak_self", None)
+        return owner is self or (weak_self is not None and owner is weak_self)
 
     def _free_retained(self, ordered_blocks: Iterable[Any]) -> None:
         blocks = list(ordered_blocks)
@@ -181,7 +197,7 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
         occurrences: Counter[int] = Counter()
         last_seen: dict[int, int] = {}
         for index, block in enumerate(blocks):
-            if block.pool is self and block.block_id in self._entries:
+            if self._owns(block) and block.block_id in self._entries:
                 occurrences[block.block_id] += 1
                 last_seen[block.block_id] = index
         queued = []
@@ -198,7 +214,7 @@ class RetentionBlockPool(BlockPool):  # type: ignore[misc]  # vLLM is untyped to
             return
         taken = set(queued)
         _vllm.free_blocks(self, [b for b in blocks
-                                 if b.pool is not self or b.block_id not in taken])
+                                 if not self._owns(b) or b.block_id not in taken])
         now_s = self.clock_s()
         for block_id in sorted(queued, key=last_seen.__getitem__):  # vLLM's order
             block = self.blocks[block_id]
@@ -378,10 +394,12 @@ class Retention:
         return len(self.pool._entries)
 
 
-def install(pool: Any, clock_s: Callable[[], float] = time.monotonic) -> Retention | None:
+def install(pool: Any, clock_s: Callable[[], float]) -> Retention | None:
     """Give the scheduler's own block pool a retention side table (in place: every
     manager holding the pool sees it); the pool stays vLLM's class until something is
-    retained. Also reachable as ``pool.kvtether_retention``. None when this pool
+    retained. Durations run on ``clock_s``: the engine's one clock
+    (``vllm_plugin.clock.EngineClock``), the one the agent stamps pins and provisional
+    bounds with. Also reachable as ``pool.kvtether_retention``. None when this pool
     cannot take it: prefix caching off (nothing is retained), or a pool class this
     version does not know (e.g. a connector's); vLLM then runs unchanged."""
     existing = getattr(pool, "kvtether_retention", None)

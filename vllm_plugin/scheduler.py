@@ -8,14 +8,18 @@ Run vLLM with::
 ``KvtetherScheduler`` picks the async or the sync class by
 ``scheduler_config.async_scheduling`` (a plain ``Scheduler`` subclass would silently
 lose vLLM's async overlap), and builds vLLM's own class when the plugin is switched
-off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides only documented hook points:
-``add_request``, ``schedule``, ``update_from_output``, ``_free_request`` /
-``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``; on a vLLM without
-one of them, or without an attribute the plugin reads, the plugin steps aside at start
-(``vllm_plugin.compat``). The policy lives in
-the daemon (what the engine does without it, in ``vllm_plugin.fallback``), the
-engine-side bookkeeping in ``vllm_plugin.agent.EngineAgent`` and the parts it
-coordinates.
+off (``KVTETHER_PLUGIN_ENABLED=0``). The mixin overrides vLLM's scheduler methods
+``add_request``, ``schedule``, ``update_from_output``, ``make_stats``,
+``_free_request`` / ``_free_blocks`` (pins), ``reset_prefix_cache`` and ``shutdown``.
+On this scheduler's own objects only, it also replaces the KV cache manager's
+``allocate_slots`` while pins are held (:meth:`KvtetherMixin._wrap_allocation`),
+wraps its ``free`` and ``pop_blocks_for_free`` (:meth:`KvtetherMixin._wrap_frees`),
+and lets the block pool take a subclass of vLLM's class while blocks are retained
+(``vllm_plugin.retention``). On a vLLM without one of these, or without an attribute
+the plugin reads, the plugin steps aside at start (``vllm_plugin.compat``). The
+policy lives in the daemon (what the engine does without it, in
+``vllm_plugin.fallback``), the engine-side bookkeeping in
+``vllm_plugin.agent.EngineAgent`` and the parts it coordinates.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_plugin import compat
 from vllm_plugin.agent import EngineAgent
+from vllm_plugin.clock import EngineClock
 from vllm_plugin.link import DaemonLink
 from vllm_plugin.settings import PluginSettings
 from vllm_plugin.vllm_tool_parser import VllmToolParser
@@ -65,6 +70,22 @@ def _tail_decoder(load_tokenizer: Callable[[], Any]) -> Callable[[Sequence[int]]
     return decode
 
 
+def _use_priority_policy(vllm_config: Any) -> None:
+    """kvtether's decisions are ``Request.priority`` values, which only vLLM's priority
+    policy reads: turn it on in the engine's scheduler config before vLLM builds its
+    queues from it, with one line saying so. vLLM's FCFS policy keeps requests in
+    the order they reach the engine and ignores priorities; its priority policy with
+    every client at priority 0 orders them by arrival (``vllm_plugin.ranks``)."""
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    policy = getattr(scheduler_config, "policy", None)
+    if scheduler_config is None or policy == "priority":
+        return
+    scheduler_config.policy = "priority"
+    logger.warning("kvtether: vLLM's scheduling policy is now 'priority' (it was %r): "
+                   "kvtether orders requests inside each client priority; start vLLM "
+                   "with --scheduling-policy priority to say so", policy)
+
+
 class KvtetherMixin:
     """Put before vLLM's scheduler class in the bases. Holds no policy."""
 
@@ -73,8 +94,10 @@ class KvtetherMixin:
     kvtether: EngineAgent | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         settings = PluginSettings.from_env()
+        if settings.enabled:
+            _use_priority_policy(kwargs.get("vllm_config", args[0] if args else None))
+        super().__init__(*args, **kwargs)
         self.kvtether = None
         if not settings.enabled:
             logger.info("kvtether: disabled (KVTETHER_PLUGIN_ENABLED=0): vLLM scheduling")
@@ -85,21 +108,23 @@ class KvtetherMixin:
 
         sched: Any = self
         if sched.policy != SchedulingPolicy.PRIORITY:
-            raise ValueError(
-                "kvtether needs vLLM's priority policy: start vLLM with "
-                "--scheduling-policy priority"
-            )
+            logger.error("kvtether: vLLM runs its %s policy, not its priority policy: "
+                         "kvtether steps aside, vLLM schedules alone", sched.policy.value)
+            return
         from sidecar.api.toolcalls import resolve_tool
         from vllm_plugin.retention import install as install_retention
 
+        # One clock for the agent's parts and the pool's retention durations alike.
+        clock = EngineClock()
         # Retention priorities on this scheduler's own block pool (which stays vLLM's own
         # class, unchanged, until a block is retained).
-        retention = install_retention(sched.kv_cache_manager.block_pool)
+        retention = install_retention(sched.kv_cache_manager.block_pool, clock)
         load_tokenizer = _tokenizer_loader(sched.vllm_config)
         self.kvtether = EngineAgent(
             self,
             settings,
             link=DaemonLink.for_settings(settings),
+            clock=clock,
             decode_tail=_tail_decoder(load_tokenizer),
             parse_tool=resolve_tool,
             vllm_tool_parser=(

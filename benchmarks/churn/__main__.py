@@ -10,7 +10,7 @@ running and finishing with a tool call, its timed work and counters) and leaves.
 daemon forgets an engine ``--forget-after-s`` after it left (``engine_forget_after_s``,
 600 s by default; shortened so a run of minutes shows it); the other never does within
 the run (a day), as every daemon did before ``7439f72``. Every ``--every`` engines it
-prints, for both: the ``{engine}`` series on /metrics, the size of a scrape and the
+prints, for both: the ``{engine_id}`` series on /metrics, the size of a scrape and the
 daemon's RSS. Writes benchmarks/results/churn/churn.json.
 """
 
@@ -54,7 +54,7 @@ class Daemon:
     def sample(self) -> dict[str, float]:
         text = urllib.request.urlopen(self.metrics_url, timeout=10).read()
         return {"engine_series": sum(1 for line in text.splitlines()
-                                     if not line.startswith(b"#") and b'engine="' in line),
+                                     if not line.startswith(b"#") and b'engine_id="' in line),
                 "scrape_kib": len(text) / 1024,
                 "rss_mib": psutil.Process(self.process.pid).memory_info().rss / 2**20}
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     last = rows[-1]
     f, k = last["forgets"], last["keeps"]
     print(f"after {last['engines']} engines ({last['elapsed_s']:.0f} s): never forgetting "
-          f"keeps {k['engine_series'] / max(f['engine_series'], 1):.1f}x the {{engine}} "
+          f"keeps {k['engine_series'] / max(f['engine_series'], 1):.1f}x the {{engine_id}} "
           f"series, a {k['scrape_kib'] / f['scrape_kib']:.2f}x larger scrape, "
           f"{k['rss_mib'] - f['rss_mib']:+.1f} MiB RSS")
     write_result(args.out, {

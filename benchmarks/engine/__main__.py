@@ -12,7 +12,8 @@ as a user sets them for their hardware; ``--default-hardware`` keeps the GPU def
 
 The daemon runs in a session of its own (``--daemon-session own``), so Linux schedules it
 apart from this process's client threads, as it would a container; on 2 busy cores that
-decides how late its answers land (README, the seventh VM). ``--daemon-autogroup-nice``
+decides how late its answers land (benchmarks/results/engine/README.md, "The daemon's
+share of the CPUs"). ``--daemon-autogroup-nice``
 weights it further, as a CPU request would.
 
 With ``--rounds R`` every policy runs R times, the order rotated each round (so no
@@ -299,8 +300,8 @@ class RunQueueWait:
     """Seconds vLLM's API server, its children (the engine core and its worker) and this
     benchmark's client waited for a CPU since this object was made, each summed over
     its threads. On 2 cores the engine keeps busy every process waits; a policy that
-    made one of them wait longer would show here (seventh VM, README: the API server
-    waited 0.6 s a round under every policy). Empty where Linux's schedstat is not."""
+    made one of them wait longer would show here (on the 2-core CPU engine the API
+    server waits about 0.6 s a round under every policy). Empty where Linux's schedstat is not."""
 
     def __init__(self, server_pid: int) -> None:
         import psutil
@@ -604,8 +605,7 @@ def main() -> int:
     parser.add_argument("--daemon-session", choices=["own", "shared"], default="own",
                         help="own (the default): the daemon in a session of its own, which "
                              "Linux schedules apart as it does a container; shared: in this "
-                             "process's, competing with the client threads for its share "
-                             "(how runs before the seventh VM were made)")
+                             "process's, competing with the client threads for its share")
     parser.add_argument("--daemon-autogroup-nice", type=int, default=None, metavar="N",
                         help="set the daemon's autogroup nice (-20..19), as a CPU request "
                              "weights a container (negative needs CAP_SYS_NICE)")
@@ -700,7 +700,7 @@ def main() -> int:
                      "rounds": args.rounds, "seeds": sorted(set(seeds))},
         # Passed to every policy that declares them (empty: the GPU defaults).
         "engine_measured": measured,
-        # How the daemon shared the CPUs (the README's seventh VM: it moves the lag).
+        # How the daemon shared the CPUs: it moves the answers' lag.
         "daemon": {"session": args.daemon_session,
                    "autogroup_nice": args.daemon_autogroup_nice},
         "policy_params": {policy: policy_params(policy, measured) for policy in policies},

@@ -20,7 +20,7 @@ standard error over the rounds, with the one-sided 95% upper bound.
 
 Pairing cancels the drift between rounds, not within one: on a shared VM the machine
 can run 10-20% slower during one policy's half-minute than during the next one's, and
-the job ratio follows it (the thirteenth and fifteenth VMs, README). The daemon learns
+the job ratio follows it. The daemon learns
 what a prompt token costs from each run's own steps, and the report gives the policy's
 learned cost over the baseline's and the job ratio at equal learned cost
 (:func:`speed_adjusted_ratio`, a covariate adjustment). The adjustment is valid only
@@ -30,8 +30,8 @@ them (adaptive 1.023 +- 0.008, continuum 1.021 +- 0.009, pooled over the VMs), o
 the three fast ones a cheaper one (0.995 +- 0.007, 0.980 +- 0.008). There the adjusted
 ratio leans toward the policy by about the slope times that, so the verdicts stay on
 the plain paired ratio; the adjusted one says how much of a gap the machine's speed
-could explain. An idle probe timed between runs (a 1,600-token prompt, tried on the
-fifteenth VM) did not follow the runs' speed, which changes within a run.
+could explain. An idle probe timed between runs (a 1,600-token prompt) does not
+follow the runs' speed, which changes within a run.
 """
 
 from __future__ import annotations
@@ -179,8 +179,8 @@ def geometric_job_ratio(rounds: Sequence[Round], policy: str, baseline: str
                         ) -> GeometricRatio:
     """The policy's average job over the baseline's, paired by round and averaged on a
     log scale. The plain mean of ratios leans above 1 by about half their variance
-    whichever policy is on top: where rounds spread by 25-30% (the seventeenth VM), A /
-    B and B / A both read 3-4% above 1. The geometric mean is the same comparison read
+    whichever policy is on top: where rounds spread by 25-30%, A / B and B / A both
+    read 3-4% above 1. The geometric mean is the same comparison read
     either way round (A / B is 1 over B / A)."""
     logs = [math.log(r[policy]["avg_job_duration_s"] / r[baseline]["avg_job_duration_s"])
             for r in rounds if policy in r and baseline in r]

@@ -4,10 +4,10 @@ The daemon exports ``kvtether_engine_prefill_time_ratio``: the prompt tokens a s
 the engine's reports carried over the last ~10 s of its clock, times what one token
 costs on it as learned (0-1). The adaptive policy reads the same figure: at or above
 its ``saturated_prefill_share`` (0.4 by default) it credits every waiting request its
-job's age, below it only the requests that fit in the free blocks (ADAPTIVE.md items
-26 and 31). Sampled every second during a round, the gauge says how much of the round
-counted as saturated, which the job times alone do not: on the fourteenth VM the 9x
-model's gain was all the credit, and no figure said for how long adaptive had it.
+job's age, below it only the requests that fit in the free blocks
+(docs/decisions/019). Sampled every second during a round, the gauge says how much of
+the round counted as saturated, and so for how long adaptive gave that credit, which
+the job times alone do not say.
 
 The gauge is set per report and holds its last value while the engine is idle; a
 restarted daemon has none until it has learned a token's cost, so the first seconds

@@ -1,7 +1,7 @@
 """Where vLLM's engine core spends its Python time during an engine benchmark: attach
 py-spy to the ``EngineCore`` process, then sum the samples by component.
 
-    .venv/bin/python -m pip install 'kvtether[profile]'     # py-spy
+    .venv/bin/python -m pip install -e '.[dev,profile]'     # py-spy
     .venv/bin/python -m benchmarks.engine.profile record --out fcfs.txt &
     .venv/bin/python -m benchmarks.engine --policies fcfs --rounds 3 --default-hardware
     .venv/bin/python -m benchmarks.engine.profile summary fcfs.txt adaptive.txt

@@ -6,8 +6,7 @@ through the link's and gRPC's own threads: about five hand-offs of the GIL each 
 round. While the engine thread runs Python it keeps the GIL until the switch interval
 (Python's default 5 ms) makes it let go, so the link moves a report every few
 intervals, falls behind, and the answers queue. On vLLM's CPU engine a quarter of the
-answers came 7 or more steps late (a median 24 ms; ``benchmarks/results/engine``,
-the sixth VM).
+answers came 7 or more steps late (a median 24 ms; ``benchmarks/results/engine``).
 
 This replays that with no engine: the real ``DaemonLink`` to a real daemon (fcfs), a
 report every ``--period-ms`` from a thread that otherwise spins in Python, each

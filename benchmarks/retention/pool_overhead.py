@@ -22,11 +22,12 @@ BLOCKS_PER_REQUEST = 8
 def _pool(kind: str, num_blocks: int) -> Any:
     from vllm.v1.core.block_pool import BlockPool
 
+    from vllm_plugin.clock import EngineClock
     from vllm_plugin.retention import install
 
     pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK)
     if kind != "vllm":
-        install(pool)
+        install(pool, EngineClock())
     return pool
 
 

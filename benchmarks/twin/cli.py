@@ -18,10 +18,12 @@ from benchmarks.twin import workload as wl
 from benchmarks.twin.calibration import calibrate_once
 from benchmarks.twin.point import make_workload, run_point
 from benchmarks.twin.steptime import LLAMA_31_8B, RTX_5090, Efficiency, StepTimeModel
+from sidecar.policies.registry import available_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "twin"
-SWEEP_POLICIES = ("fcfs", "continuum", "contextserve", "adaptive", "llmd-ttl")
+# Every registered policy (sidecar/policies/registry.py): a new one is swept too.
+SWEEP_POLICIES = available_policies()
 SWEEP_JPS = (1.0, 2.0, 4.0, 8.0, 12.0)
 SWEEP_BLOCKS = (5402, 3000, 9000, 13000)
 # --quick: CI scale, a few seconds a point.

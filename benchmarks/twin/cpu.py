@@ -38,11 +38,11 @@ from benchmarks.twin.lag import TAIL_MEANS_STEPS, DrawnLag, FittedLag, fit
 from benchmarks.twin.steptime import StepTimeModel
 
 # The share of the API server's pace left while the CPU engine computes a step
-# (benchmarks.twin.frontend): like the twenty-second VM's run, the twin's FCFS goes
-# idle as often as that engine did with it (167 times a round against 169; 1, a fixed
-# delay before each request: 122; 0.3: 154), and like the twenty-first VM's too (182
-# against 180; 1: 150). A trace of that engine saw 30 of 34 requests sent while it
-# computed reach it only after it went idle.
+# (benchmarks.twin.frontend). At 0.1 the twin's FCFS goes idle as often as two runs
+# of the 2-core CPU engine did (167 times a round against 169, and 182 against 180);
+# 1, a fixed delay before each request, gives 122 and 150; 0.3 gives 154. A trace of
+# that engine saw 30 of 34 requests sent while it computed reach it only after it
+# went idle.
 API_BUSY_RATE = 0.1
 
 
@@ -59,7 +59,8 @@ class CpuSetup:
     blocks: int = 24
     block_tokens: int = 128
     # What a step costs on the engine (as the daemon learns it): a step, whatever it
-    # decodes, plus each prompt token it computes. The AVX-512 VMs' figures.
+    # decodes, plus each prompt token it computes. The AVX-512 CPU engines' figures
+    # (benchmarks/results/engine).
     step_s: float = 2.0e-3
     prefill_s_per_token: float = 3.0e-5
     decode_s_per_seq: float = 0.0
@@ -106,9 +107,9 @@ class CpuSetup:
     # report every step. --answer-lag-drawn takes the engine's (the plugin's default),
     # so that the twin sends its reports on about as many steps as the engine does.
     pin_heartbeat_ms: float = 0.0
-    # The twin's own idle waits a step, by policy, measured on a first run
-    # (with_twin_waits): the fit places the waits where the twin will have them (the
-    # engine's, like_idle_waits, are the fallback).
+    # The twin's own idle waits a step, by policy, measured by one run of the twin
+    # before the drawn-lag runs (with_twin_waits): the fit places the waits where the
+    # twin will have them (the engine's, like_idle_waits, are the fallback).
     twin_wait_shares: dict[str, float] = field(default_factory=dict)
     # Step as vLLM's engine core does, one more (empty) step after the last request
     # finishes (simulator.simulate): there the plugin, idle, waits for the answer
@@ -362,9 +363,9 @@ def with_twin_waits(setup: CpuSetup, policies: Sequence[str], seed: int,
     """With drawn lags, ``setup`` with the twin's own idle waits a step for each policy,
     from one more run of it on ``seed``: the fit replays the waits at the rate the
     twin's engine goes idle (an idle wait lands every answer sent), not the engine's.
-    The two differed most before the twin's API server slowed requests while the
-    engine computes (FCFS: 180 waits a round against the twin's 150 like the
-    twenty-first VM's run, 182 since; frontend.py)."""
+    They differ most where the twin's API server does not slow requests while the
+    engine computes (``api_busy_rate`` 1: FCFS 150 waits a round against the engine's
+    180; 182 at the default 0.1; frontend.py)."""
     if not setup.draw_answer_lag:
         return setup
     shares = {}

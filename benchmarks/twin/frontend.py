@@ -6,8 +6,8 @@ CPU engine the API server shares the machine's two cores with the engine core, w
 forward pass takes them both: while the engine computes a step, that work goes on at
 ``busy_rate`` of its pace. Requests sent while the engine computes therefore mostly
 reach it after it goes idle, and the engine goes idle after more of its turns than
-requests that arrive independently of it would let it. Traced on the twenty-second
-VM (FCFS, the tiny model, one round): 7.8% of requests found the engine busy against
+requests that arrive independently of it would let it. A trace of the 2-core CPU
+engine (FCFS, the tiny model, one round): 7.8% of requests found the engine busy against
 18.8% in the twin with the time outside vLLM a fixed delay, and of the requests sent
 while the engine computed, 30 of 34 reached it after it went idle, a median 10 ms
 later (a request sent to an idle engine reached it a median 16 ms after it was sent).

@@ -223,7 +223,7 @@ def build_engine(policy: str, config: EngineConfig, clock: VirtualClock,
         scheduler = build_scheduler(MODEL_DIR, policy="priority",
                                     scheduler_cls=KvtetherScheduler, **common)
     agent = scheduler.kvtether
-    agent.clock_s = clock
+    agent.clock.replace(clock)  # the plugin's every part, the block pool's retention too
     # Tools are named by the client (vllm_xargs "tool"): no output to parse, and the
     # twin's model directory has no tokenizer.
     agent._decode_tail = None

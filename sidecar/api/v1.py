@@ -1,4 +1,5 @@
-"""Short import path for the generated v1 stubs: ``from sidecar.api.v1 import pb, grpc_pb``."""
+"""Short import path for the generated v1 stubs (``proto/kvtether/v1``), e.g.
+``from sidecar.api.v1 import engine_session_pb2 as pb``."""
 
 from sidecar.api.kvtether.v1 import (
     engine_session_pb2,

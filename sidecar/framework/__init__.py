@@ -4,16 +4,7 @@ Protocols and frozen dataclasses only: no gRPC, no Redis, no runtime imports
 (``tests/unit/test_layering.py`` checks this).
 """
 
-from sidecar.framework.protocols import (
-    FinishedTurnWait,
-    FinishRetention,
-    PinExpiry,
-    PinsUnderPressure,
-    Policy,
-    PressureRelief,
-    VictimOrder,
-    WaitingOrder,
-)
+from sidecar.framework.protocols import Policy
 from sidecar.framework.types import (
     EngineCost,
     FinishInput,
@@ -35,18 +26,13 @@ from sidecar.framework.types import (
 __all__ = [
     "EngineCost",
     "FinishInput",
-    "FinishRetention",
-    "FinishedTurnWait",
     "JobView",
     "KvView",
     "Ordering",
-    "PinExpiry",
     "PinRelease",
     "PinView",
-    "PinsUnderPressure",
     "Policy",
     "PressureOrder",
-    "PressureRelief",
     "RequestState",
     "RequestView",
     "RetainAction",
@@ -54,6 +40,4 @@ __all__ = [
     "StepScratch",
     "StepView",
     "ToolTimeDistribution",
-    "VictimOrder",
-    "WaitingOrder",
 ]

@@ -20,6 +20,8 @@ active *idle* jobs (no request in flight) are forgotten first. A job with reques
 flight is never dropped (its requests are real and bounded by the engine's capacity),
 so the bound can be exceeded only by more jobs in flight than ``max_jobs``. A job whose
 last step finished goes to the front of the eviction order: no turn should follow.
+Idle jobs are kept in an order of their own, apart from those in flight, so forgetting
+one costs O(1) however many jobs are in flight.
 Requests count as in flight only while an engine reports them: those of an engine
 that left, or that its snapshot no longer lists, are let go (:meth:`on_lost`).
 
@@ -119,8 +121,12 @@ class JobTracker:
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs!r}")
         self.max_jobs = max_jobs
-        # Eviction order: least recently active first, finished jobs before them.
-        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        # Every job kept, by id.
+        self._jobs: dict[str, _Job] = {}
+        # Eviction order of the idle jobs (none in flight): least recently active
+        # first, jobs whose last step finished before them. A job in flight is not in
+        # it, so eviction never walks past one.
+        self._idle: OrderedDict[str, _Job] = OrderedDict()
         # Activity orders, least recently active first, by increasing active_seq.
         self._named_by_activity: OrderedDict[str, _Job] = OrderedDict()
         self._anonymous_by_activity: OrderedDict[str, _Job] = OrderedDict()
@@ -145,6 +151,7 @@ class JobTracker:
             return None  # replayed arrival
         if job.in_flight is None:
             job.in_flight = set()
+            self._idle.pop(job_key, None)
         job.in_flight.add(request_id)
         job.first_arrival_s = min(job.first_arrival_s, arrival_s)
         job.view = None
@@ -176,10 +183,7 @@ class JobTracker:
         in_flight = job.in_flight is not None and request_id in job.in_flight
         if not in_flight and job.last_finished_request_id == request_id:
             return  # repeated finish
-        if job.in_flight is not None:
-            job.in_flight.discard(request_id)
-            if not job.in_flight:
-                job.in_flight = None
+        self._leave_flight(job, request_id)
         job.turns_finished += 1
         job.last_finished_request_id = request_id
         # Concurrent turns may finish out of order: the latest departure wins.
@@ -193,16 +197,14 @@ class JobTracker:
         if is_last_step:
             job.pending_tool = None  # no next turn will measure it
             if job.in_flight is None:
-                self._jobs.move_to_end(job_key, last=False)  # forget it first
+                self._idle.move_to_end(job_key, last=False)  # forget it first
 
     def on_abort(self, job_id: str | None, request_id: str) -> None:
         """A request left without finishing (aborted, rejected): no turn, no tool."""
         job = self._jobs.get(effective_job_id(job_id, request_id))
         if job is None or job.in_flight is None or request_id not in job.in_flight:
             return
-        job.in_flight.discard(request_id)
-        if not job.in_flight:
-            job.in_flight = None
+        self._leave_flight(job, request_id)
         job.view = None
 
     def on_lost(self, requests: Iterable[tuple[str, str]]) -> None:
@@ -277,7 +279,8 @@ class JobTracker:
         self._activity_seq += 1
         job = self._jobs.get(job_id)
         if job is not None:
-            self._jobs.move_to_end(job_id)
+            if job.in_flight is None:
+                self._idle.move_to_end(job_id)
             job.active_seq = self._activity_seq
             if job.anonymous and request_id != job_id:  # a job id named it after all
                 job.anonymous = False
@@ -291,24 +294,26 @@ class JobTracker:
         job = _Job(job_id, first_seen_s, anonymous=request_id == job_id)
         job.active_seq = self._activity_seq
         self._jobs[job_id] = job
+        self._idle[job_id] = job
         self._by_activity(job)[job_id] = job
         return job
 
     def _by_activity(self, job: _Job) -> OrderedDict[str, _Job]:
         return self._anonymous_by_activity if job.anonymous else self._named_by_activity
 
+    def _leave_flight(self, job: _Job, request_id: str) -> None:
+        """``request_id`` is no longer in flight; a job left with none becomes idle,
+        the most recently active one."""
+        if job.in_flight is None:
+            return
+        job.in_flight.discard(request_id)
+        if not job.in_flight:
+            job.in_flight = None
+            self._idle[job.job_id] = job
+
     def _evict_idle(self, excess: int) -> None:
-        # Scan from the least recently active end. Busy jobs met on the way go to the
-        # other end, so each is skipped at most once per pass: O(1) amortised per new
-        # job, unless more jobs are in flight than max_jobs.
-        scanned = 0
-        limit = len(self._jobs)
-        while excess > 0 and scanned < limit:
-            job_id, job = next(iter(self._jobs.items()))
-            scanned += 1
-            if job.in_flight:
-                self._jobs.move_to_end(job_id)
-                continue
+        """Forget up to ``excess`` idle jobs, least recently active first: O(1) each."""
+        for _ in range(min(excess, len(self._idle))):
+            job_id, job = self._idle.popitem(last=False)
             del self._jobs[job_id]
             del self._by_activity(job)[job_id]
-            excess -= 1

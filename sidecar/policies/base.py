@@ -1,8 +1,9 @@
 """vLLM's own behaviour for every extension point, and helpers shared by policies.
 
-A policy subclasses :class:`NativePolicy` and overrides the one to three hooks where it
-differs from vLLM; every hook it leaves alone keeps vLLM's semantics, so a partial
-policy is always a complete, safe one.
+A policy subclasses :class:`NativePolicy` and overrides the hooks where it differs
+from vLLM (``sidecar.framework.protocols.Policy`` lists all seven, the three class
+attributes the runtime reads, and the order of the calls); every hook it leaves alone
+keeps vLLM's semantics, so a partial policy is always a complete, safe one.
 
 Contracts (``sidecar.framework.protocols``, checked against every registered policy by
 ``tests/unit/test_policy_contract.py``): no I/O, no clock but the step's ``now_s``, no
@@ -50,7 +51,8 @@ class NativeParams(PolicyParams):
 
 
 class NativePolicy:
-    """vLLM's native scheduling: FCFS admission, newest-first preemption, no pins."""
+    """vLLM's own scheduling on its priority policy, inside one client priority:
+    earliest arrival admitted first, newest arrival preempted first, no pins."""
 
     name: str = "native"
     pins_finished_requests: bool = False
@@ -72,13 +74,14 @@ class NativePolicy:
         """The engine left: vLLM's scheduling keeps no state per engine."""
 
     def order_waiting(self, step: StepView) -> Ordering:
-        # vLLM's FCFS queue is a deque in arrival order.
+        # vLLM's priority policy at one client priority (the engine keeps the client's
+        # priority as the first key): the smallest arrival_time first.
         ordered = sorted(step.waiting, key=_arrival_key)
         return Ordering(tuple(r.request_id for r in ordered), "fcfs: earliest arrival first")
 
     def order_victims(self, step: StepView) -> Ordering:
-        # vLLM FCFS preempts ``self.running.pop()``, the last request added to the
-        # running list; the engine reports arrivals, so newest arrival first.
+        # vLLM's priority policy preempts max(running, key=(priority, arrival_time)):
+        # at one client priority, the newest arrival.
         ordered = sorted(step.running, key=_arrival_key, reverse=True)
         return Ordering(
             tuple(r.request_id for r in ordered), "fcfs: newest arrival preempted first"

@@ -2,7 +2,9 @@
 and llm-d's ``RegisterAllPlugins``).
 
 Adding a policy: write ``sidecar/policies/<name>/`` (policy, params, README) and add
-one ``PolicySpec`` to ``_SPECS`` below. Nothing else names policies.
+one ``PolicySpec`` to ``_SPECS`` below (docs/policies.md, "Adding a policy"). The
+daemon, the ``kvtether`` CLI, the contract suite and the twin's ``run`` and ``sweep``
+take the names from here.
 
 Configuration errors surface at start-up as :class:`PolicyConfigError`, naming the
 policy and the parameter: a bad configuration stops the daemon, it is never silently

@@ -7,9 +7,9 @@ writes a step causes (history events, tool-time samples) are handed to the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +18,7 @@ from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import inspect_pb2
 from sidecar.framework import (
     FinishInput,
+    JobView,
     Ordering,
     PinView,
     Policy,
@@ -26,6 +27,7 @@ from sidecar.framework import (
     StepView,
 )
 from sidecar.retention.resolve import RetentionResolver
+from sidecar.runtime import slices
 from sidecar.runtime.decision_feed import DecisionFeed
 from sidecar.runtime.mirror import EngineMirror, LiveRequest, ReportDelta
 from sidecar.runtime.priorities import assign_priorities
@@ -124,15 +126,31 @@ class DecisionLog:
         """The latest decision of each kind for ``request_id`` — the id an engine
         reported, else the id the API client got back (every request it names) —
         oldest first; [] when none is held."""
+        return self.explain_page(request_id, self._max_requests)[0]
+
+    def explain_page(self, request_id: str, limit: int, after: str = ""
+                     ) -> tuple[list[inspect_pb2.DecisionRecord], str | None]:
+        """``explain`` a page at a time, for an API client's id that names many
+        requests (vLLM turns one reused ``X-Request-Id`` into as many requests): the
+        decisions of at most ``limit`` of them, in the order the log first held them,
+        starting after the request ``after`` (from the oldest held when it is gone);
+        and the last request of the page when more follow, else None. Work is in
+        proportion to the page, not to the requests the id names."""
         if request_id in self._by_request:
             named = [request_id]
         else:
             named = self._by_response_id.get(request_id, [])
-        decisions = [decision for name in named
+        start = 0
+        if after:
+            with contextlib.suppress(ValueError):
+                start = named.index(after) + 1
+        page = named[start:start + limit]
+        decisions = [decision for name in page
                      for decision in self._by_request[name].kinds.values()]
-        if len(named) > 1:  # requests of one response id: on one engine, its clock orders
+        if len(page) > 1:  # requests of one response id: on one engine, its clock orders
             decisions.sort(key=lambda decision: (decision.at_s, decision.seq))
-        return [decision.record() for decision in decisions]
+        more = start + limit < len(named)
+        return [decision.record() for decision in decisions], (page[-1] if more else None)
 
     def for_job(self, job_id: str, limit: int = 20) -> list[inspect_pb2.DecisionRecord]:
         """The job's latest decisions, newest first: every kind of each request."""
@@ -169,19 +187,29 @@ class Decider:
         self._engines.pop(engine_id, None)
 
     def decide(self, mirror: EngineMirror, delta: ReportDelta, seq: int) -> pb.StepDecision:
-        started_ns = time.perf_counter_ns()
+        """One report's decision, all at once: the policy's hooks in the order
+        ``sidecar.framework.protocols`` documents."""
+        return slices.run(self.decide_steps(mirror, delta, seq))
+
+    def decide_steps(self, mirror: EngineMirror, delta: ReportDelta, seq: int
+                     ) -> slices.Steps[pb.StepDecision]:
+        """One report's decision, yielding between slices of the per-request work
+        (arrivals, retention, changed priorities; :mod:`sidecar.runtime.slices`).
+        ``decide_us`` counts only the time spent deciding, not the time given away."""
+        watch = slices.Stopwatch()
         state = self._engines.setdefault(mirror.engine_id, EngineDecisionState())
         decision = pb.StepDecision(
             seq=seq, policy=self.policy.name,
             provisional_pins=self.policy.pins_finished_requests,
             count_waiting_demand=self.policy.reads_waiting_demand)
 
-        for live in delta.arrived:
-            self.recorder.on_arrival(live.view())
+        if delta.replaced:
+            self.recorder.on_lost(live.view() for live in delta.replaced)
+        yield from watch.steps(self._record_arrivals(mirror, delta))
         if self.retention is not None:
-            self._decide_retention(mirror, delta, state, decision)
+            yield from watch.steps(self._decide_retention(mirror, delta, state, decision))
 
-        step = self._step_view(mirror)
+        step = yield from watch.steps(self._step_view(mirror))
         decision.provisional_cache = self.policy.caches_provisional_pins(step)
         for finished in delta.finished:
             state.sent_priority.pop(finished.request.request_id, None)
@@ -216,7 +244,7 @@ class Decider:
                 self._record(mirror, seq, request_id, pin.job_id, kind, release.reason, inputs)
             if released:
                 step = replace(step, pins=list(mirror.pins.values()))
-        self._decide_priorities(mirror, step, state, decision)
+        yield from watch.steps(self._decide_priorities(mirror, step, state, decision))
         order = self.policy.order_pins_under_pressure(step)
         pressure_order = (tuple(order.request_ids), order.max_running)
         if pressure_order != state.sent_pressure_order:
@@ -224,17 +252,28 @@ class Decider:
             if order.max_running is not None:
                 decision.pressure_release_order.max_running = order.max_running
             state.sent_pressure_order = pressure_order
-        decision.decide_us = (time.perf_counter_ns() - started_ns) // 1000
+        decision.decide_us = watch.spent_ns() // 1000
         return decision
 
     # --- pieces ----------------------------------------------------------------------
-    def _step_view(self, mirror: EngineMirror) -> StepView:
+    def _record_arrivals(self, mirror: EngineMirror, delta: ReportDelta) -> slices.Steps[None]:
+        for arrived in slices.chunks(delta.arrived):
+            for live in arrived:
+                self.recorder.on_arrival(live.view(), engine_now_s=mirror.now_s)
+            yield
+
+    def _step_view(self, mirror: EngineMirror) -> slices.Steps[StepView]:
+        """The step the policy sees; the jobs' views gathered a slice at a time."""
         waiting = mirror.waiting()
         running = mirror.running()
         pins = list(mirror.pins.values())
-        jobs = self.recorder.tracker.views(itertools.chain(
-            (r.job_id for r in waiting), (r.job_id for r in running),
-            (pin.job_id for pin in pins)))
+        job_ids = list(itertools.chain((r.job_id for r in waiting), (r.job_id for r in running),
+                                       (pin.job_id for pin in pins)))
+        jobs: dict[str, JobView] = {}
+        for chunk in slices.chunks(job_ids):
+            jobs.update(self.recorder.tracker.views(chunk))
+            if len(job_ids) > slices.SLICE_ITEMS:
+                yield
         # Distributions are cached by the estimator: a lookup per distinct pinned tool.
         estimator = self.recorder.estimator
         tool_times = {}
@@ -338,7 +377,7 @@ class Decider:
         delta: ReportDelta,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> None:
+    ) -> slices.Steps[None]:
         """Effective retention of the requests that arrived — of every live request
         when pushed directives changed since this engine last heard — sent only when
         it differs from what the engine has."""
@@ -349,7 +388,9 @@ class Decider:
         if state.retention_generation != self.retention.generation:
             state.retention_generation = self.retention.generation
             candidates = list(mirror.requests.values())
-        for live in candidates:
+        for index, live in enumerate(candidates, 1):
+            if index % slices.SLICE_ITEMS == 0:
+                yield
             effective = self.retention.for_request(live.request_id, live.job_id,
                                                    live.retention, live.retention_scope)
             key = b"" if effective is None else effective.key()
@@ -374,7 +415,7 @@ class Decider:
         step: StepView,
         state: EngineDecisionState,
         decision: pb.StepDecision,
-    ) -> None:
+    ) -> slices.Steps[None]:
         waiting = self.policy.order_waiting(step)
         victims = self.policy.order_victims(step)
         waiting_order = _checked(waiting, mirror.waiting_ids(), "order_waiting")
@@ -386,7 +427,9 @@ class Decider:
         for order, reason in ((waiting_order, waiting.reason),
                               (list(reversed(victim_order)), victims.reason)):
             changes = assign_priorities(order, arrival, state.sent_priority)
-            for request_id, priority in changes.items():
+            for index, (request_id, priority) in enumerate(changes.items(), 1):
+                if index % slices.SLICE_ITEMS == 0:
+                    yield
                 decision.priorities.add(request_id=request_id, priority=priority)
                 # Only changed priorities are recorded: a stable order costs nothing.
                 self._record(mirror, decision.seq, request_id, live[request_id].job_id,

@@ -10,8 +10,21 @@ until it has sent one.
 One stream owns an engine id: the one that sent its latest snapshot. A newer stream's
 snapshot replaces the owner (an engine that reconnects is heard at once, before the
 daemon's keepalive notices that its old connection is dead); the replaced stream is
-told so and nothing it sends after is applied. A unary Step (grpcurl, debugging) may
-drive only an engine that no stream owns.
+told so and nothing it sends after is applied. Which newer stream may take an engine
+over (the same credential, at a bounded rate) is the server's to decide before the
+snapshot gets here (``sidecar.server.engine_session``). A unary Step (grpcurl,
+debugging) may drive only an engine that no stream owns.
+
+What a report may hold is bounded (:class:`ReportLimits`): more running or waiting
+requests or pins than a real engine keeps is refused whole (:class:`ReportTooLarge`,
+``RESOURCE_EXHAUSTED`` on the wire) before any of it is applied, and what is applied is
+done in slices that give the event loop back (:mod:`sidecar.runtime.slices`).
+
+A unary Step has no stream whose end says that the engine left, so its requests never
+hold their jobs in flight beyond the call that reported them: the daemon decides on
+them, keeps them in the engine's mirror for the next Step's events, and lets their jobs
+be forgotten as idle ones (``max_jobs_tracked``). Only a Session stream keeps jobs in
+flight, until its requests finish or the stream ends.
 """
 
 from __future__ import annotations
@@ -20,12 +33,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import structlog
 from prometheus_client import Counter, Gauge
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.framework import EngineCost
+from sidecar.runtime import slices
 from sidecar.runtime.decider import Decider
 from sidecar.runtime.mirror import EngineMirror, LiveRequest
 from sidecar.runtime.reports import validate_report
@@ -38,13 +53,70 @@ log = structlog.get_logger("kvtether.engines")
 
 class EngineStream:
     """One Session stream's claim on an engine id; ``replaced`` is set when a newer
-    stream's snapshot takes the engine over."""
+    stream's snapshot takes the engine over. ``scope``: the auth scope the stream
+    reports as ("" without tokens), which the server checks a takeover against."""
 
-    __slots__ = ("engine_id", "replaced")
+    __slots__ = ("engine_id", "replaced", "scope")
 
-    def __init__(self) -> None:
+    def __init__(self, scope: str = "") -> None:
         self.engine_id: str | None = None
         self.replaced = asyncio.Event()
+        self.scope = scope
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLimits:
+    """The most an engine's report may hold (``limits`` in the daemon's configuration):
+    far above what a real engine keeps (vLLM's ``max_num_seqs`` is 256 or 1,024 by
+    default), so that one report cannot cost the daemon more than a bounded slice of
+    work however it was made."""
+
+    max_running: int = 4096
+    max_waiting: int = 16384
+    max_pins: int = 16384
+
+    def check_snapshot(self, report: pb.StepReport) -> None:
+        running = sum(1 for new in report.new_requests
+                      if new.state == pb.REQUEST_STATE_RUNNING)
+        self._check("new_requests", running, len(report.new_requests) - running,
+                    len(report.pins), "in one snapshot")
+
+    def check_mirror(self, mirror: EngineMirror) -> None:
+        self._check("new_requests", len(mirror.running_ids()), len(mirror.waiting_ids()),
+                    len(mirror.pins), "after this report")
+
+    def check_delta(self, report: pb.StepReport, mirror: EngineMirror) -> None:
+        """Before a delta is applied: the requests it adds cannot fit whatever its
+        events do (each request is running or waiting)."""
+        added = len(mirror.requests) + len(report.new_requests)
+        if added > self.max_running + self.max_waiting:
+            raise ReportTooLarge("new_requests", added, "requests (running and waiting)",
+                                 self.max_running + self.max_waiting,
+                                 "limits.max_running_per_engine + "
+                                 "limits.max_waiting_per_engine", "after this report")
+        if len(mirror.pins) + len(report.pins) > self.max_pins:
+            raise ReportTooLarge("pins", len(mirror.pins) + len(report.pins), "pins",
+                                 self.max_pins, "limits.max_pins_per_engine",
+                                 "after this report")
+
+    def _check(self, field: str, running: int, waiting: int, pins: int, where: str) -> None:
+        for name, count, what, limit, setting in (
+                (field, running, "running requests", self.max_running,
+                 "limits.max_running_per_engine"),
+                (field, waiting, "waiting requests", self.max_waiting,
+                 "limits.max_waiting_per_engine"),
+                ("pins", pins, "pins", self.max_pins, "limits.max_pins_per_engine")):
+            if count > limit:
+                raise ReportTooLarge(name, count, what, limit, setting, where)
+
+
+class ReportTooLarge(Exception):
+    """A report that would make an engine's mirror hold more than a limit allows."""
+
+    def __init__(self, field: str, count: int, what: str, limit: int, setting: str,
+                 where: str) -> None:
+        super().__init__(f"{field}: {count} {what} {where} exceed {setting} ({limit})")
+        self.field = field
 
 
 class SessionConflict(Exception):
@@ -77,7 +149,7 @@ def _count_contents(report: pb.StepReport) -> None:
 # An engine's series that describe its session (the last decision, the recent answer
 # lags; its own counts are in metrics.ENGINE_COUNTERS): removed when the session ends.
 _SESSION_GAUGES = (metrics.ENGINE_FINISHED_TURNS_CACHED, metrics.ENGINE_PREFILL_TIME_RATIO,
-                   metrics.ENGINE_LATE_ANSWER_SHARE)
+                   metrics.ENGINE_LATE_ANSWER_RATIO)
 # What the daemon learned or counted of an engine: kept across its sessions (a counter
 # that outlives a reconnect does not reset), removed when the engine is forgotten.
 _LEARNED_SERIES = (metrics.ENGINE_PREFILL_S_PER_TOKEN, metrics.ENGINE_DECODE_S_PER_SEQ,
@@ -103,7 +175,8 @@ class EngineRegistry:
     """
 
     def __init__(self, decider: Decider, forget_after_s: float = DEFAULT_FORGET_AFTER_S,
-                 clock_s: Callable[[], float] = time.monotonic) -> None:
+                 clock_s: Callable[[], float] = time.monotonic,
+                 limits: ReportLimits | None = None) -> None:
         if not forget_after_s > 0:
             raise ValueError(f"forget_after_s must be > 0, got {forget_after_s!r}")
         self.decider = decider
@@ -120,13 +193,40 @@ class EngineRegistry:
         # reports change the engine's mirror, and a stale stream closing after the
         # engine reconnected must not drop the new stream's mirror.
         self._owner: dict[str, EngineStream] = {}
+        self.limits = limits if limits is not None else ReportLimits()
+        # Held across one report's slices, so that two reports of one engine (a stream's
+        # and a unary Step's, or two streams') never interleave on its mirror.
+        # With the number of reports that hold or wait for each.
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     def handle(self, report: pb.StepReport, stream: EngineStream | None = None
                ) -> pb.StepDecision:
         """Validate, place and decide one report, from ``stream`` or (None) a unary
-        Step. Raises InvalidReport, or SessionConflict where another stream owns the
-        engine."""
+        Step, all at once. Raises InvalidReport, ReportTooLarge, or SessionConflict
+        where another stream owns the engine."""
+        return slices.run(self._handle_steps(report, stream, time.perf_counter()))
+
+    async def handle_async(self, report: pb.StepReport, stream: EngineStream | None = None
+                           ) -> pb.StepDecision:
+        """As :meth:`handle`, giving the event loop back between slices of the work."""
         started = time.perf_counter()
+        engine_id = report.engine_id
+        lock, users = self._locks.get(engine_id, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[engine_id] = (lock, users + 1)
+        try:
+            async with lock:
+                return await slices.run_async(self._handle_steps(report, stream, started))
+        finally:
+            lock, users = self._locks[engine_id]
+            if users == 1:
+                del self._locks[engine_id]  # no other report of this engine holds or waits
+            else:
+                self._locks[engine_id] = (lock, users - 1)
+
+    def _handle_steps(self, report: pb.StepReport, stream: EngineStream | None,
+                      started: float) -> slices.Steps[pb.StepDecision]:
         validate_report(report)
         owner = self._owner.get(report.engine_id)
         if stream is None and owner is not None:
@@ -138,6 +238,7 @@ class EngineRegistry:
         _count_contents(report)
         mirror = self.mirrors.get(report.engine_id)
         if report.snapshot:
+            self.limits.check_snapshot(report)
             metrics.SNAPSHOTS.inc()
             if mirror is None:
                 log.info("engine_connected", engine_id=report.engine_id, seq=report.seq)
@@ -156,7 +257,15 @@ class EngineRegistry:
                      expected=None if mirror is None else mirror.last_seq + 1)
             return pb.StepDecision(seq=report.seq, resync_requested=True,
                                    policy=self.decider.policy.name)
-        delta = mirror.apply(report)
+        else:
+            self.limits.check_delta(report, mirror)
+        delta = yield from mirror.apply_steps(report)
+        try:
+            self.limits.check_mirror(mirror)
+        except ReportTooLarge:
+            # Applied but not kept: the engine must send a snapshot within the limits.
+            self._drop_mirror(report.engine_id)
+            raise
         if report.work.steps:
             metrics.ENGINE_STEPS.labels(report.engine_id).inc(report.work.steps)
         mirror.engine_cost = self._learn_step_cost(report)
@@ -164,10 +273,16 @@ class EngineRegistry:
         share = mirror.prefill_time_share()
         if share is not None:
             metrics.ENGINE_PREFILL_TIME_RATIO.labels(report.engine_id).set(share)
-        decision = self.decider.decide(mirror, delta, report.seq)
+        decision = yield from self.decider.decide_steps(mirror, delta, report.seq)
+        if stream is None and delta.arrived:
+            self._lose(delta.arrived)  # no stream keeps them in flight (module doc)
         self._count(decision, mirror)
         metrics.DECISION_LATENCY.observe(time.perf_counter() - started)
         return decision
+
+    def owner_of(self, engine_id: str) -> EngineStream | None:
+        """The live stream that owns ``engine_id``, if one does."""
+        return self._owner.get(engine_id)
 
     def _claim(self, engine_id: str, stream: EngineStream, owner: EngineStream | None) -> None:
         if owner is not None and owner is not stream:
@@ -267,16 +382,16 @@ class EngineRegistry:
             idle_waits_missed=counters.idle_waits_missed,
             provisional_block_seconds=counters.provisional_block_seconds,
             answers_by_lag_steps=tuple(counters.answers_by_lag_steps),
-            kv_hint_actions_ignored=counters.kv_hint_actions_ignored))
+            kv_hint_actions_ignored=counters.kv_hint_actions_ignored,
+            kv_hint_fields_refused=counters.kv_hint_fields_refused))
         metrics.ENGINE_FINISHED_TURNS_CACHED.labels(mirror.engine_id).set(
             1 if decision.provisional_cache else 0)
         late_share = mirror.answer_lags.late_share()
         if late_share is not None:
-            metrics.ENGINE_LATE_ANSWER_SHARE.labels(mirror.engine_id).set(late_share)
+            metrics.ENGINE_LATE_ANSWER_RATIO.labels(mirror.engine_id).set(late_share)
         if decision.pins:
             self._update_pin_gauges()
 
     def _update_pin_gauges(self) -> None:
         metrics.PINS_ACTIVE.set(sum(len(m.pins) for m in self.mirrors.values()))
-        metrics.PINNED_BLOCKS.set(
-            sum(pin.blocks for m in self.mirrors.values() for pin in m.pins.values()))
+        metrics.PINNED_BLOCKS.set(sum(m.pinned_blocks for m in self.mirrors.values()))

@@ -11,13 +11,14 @@ lost in a restart; the next snapshot repairs the view.
 
 from __future__ import annotations
 
-from collections.abc import KeysView
+from collections.abc import KeysView, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.api.v1 import engine_session_pb2 as pb
 from sidecar.api.v1 import retention_pb2
 from sidecar.framework import EngineCost, KvView, PinView, RequestState, RequestView
 from sidecar.jobs import effective_job_id
+from sidecar.runtime import slices
 from sidecar.runtime.pin_outcomes import PinOutcomes
 from sidecar.runtime.steptime import PrefillRate
 from sidecar.telemetry.answer_lag import RecentAnswerLags
@@ -83,6 +84,9 @@ class ReportDelta:
 
     arrived: list[LiveRequest] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)
+    # Live requests that a new_requests entry of the same id but another job replaced:
+    # they leave their jobs' in-flight sets (the id now names the other job's request).
+    replaced: list[LiveRequest] = field(default_factory=list)
     unknown_ids: int = 0
 
 
@@ -96,12 +100,18 @@ class EngineMirror:
         self.arrivals_seen_until_s: float | None = None
         self.kv = KvView(total_blocks=0, free_blocks=0, block_size_tokens=0)
         self.requests: dict[str, LiveRequest] = {}
+        # How many live requests each job has: whether a pin's job has one is a
+        # lookup, not a pass over every request (add_pin runs once per pin).
+        self._live_by_job: dict[str, int] = {}
         # The frozen views policies read, by state, kept up to date per event so a
         # step view costs two C-level list copies, not a pass over every request.
         self._views: dict[RequestState, dict[str, RequestView]] = {
             RequestState.WAITING: {}, RequestState.RUNNING: {}}
         # Read freely; changed only through add_pin / end_pin (pin_outcomes counts them).
         self.pins: dict[str, PinView] = {}
+        # The blocks those pins hold, kept as they change: the daemon's pin gauges add
+        # up one number per engine, not every pin, at each report that pins.
+        self.pinned_blocks = 0
         self.pin_outcomes = PinOutcomes(engine_id)
         self.counters = pb.EngineCounters()
         # The lags of its recent answers, from the counters (answer_lag.py).
@@ -121,10 +131,17 @@ class EngineMirror:
         return per_s * self.engine_cost.prefill_s_per_token
 
     def apply(self, report: pb.StepReport) -> ReportDelta:
-        """Fold one report into the mirror. The caller checked its seq."""
+        """Fold one report into the mirror, all at once. The caller checked its seq."""
+        return slices.run(self.apply_steps(report))
+
+    def apply_steps(self, report: pb.StepReport) -> slices.Steps[ReportDelta]:
+        """Fold one report into the mirror, yielding between slices of its items
+        (:mod:`sidecar.runtime.slices`). The caller checked its seq."""
         if report.snapshot:
             self.requests.clear()
+            self._live_by_job.clear()
             self.pins.clear()
+            self.pinned_blocks = 0
             self.pin_outcomes.forget()
             for views in self._views.values():
                 views.clear()
@@ -149,7 +166,29 @@ class EngineMirror:
             self.counters.CopyFrom(report.counters)
             self.answer_lags.update(report.counters.answers_by_lag_steps)
         delta = ReportDelta()
-        for new in report.new_requests:
+        for chunk in slices.chunks(report.new_requests):
+            self._add_requests(chunk, delta)
+            yield
+        for pins in slices.chunks(report.pins):
+            for pin in pins:
+                self.add_pin(PinView(
+                    request_id=pin.request_id,
+                    job_id=effective_job_id(pin.job_id, pin.request_id),
+                    blocks=pin.blocks,
+                    pinned_at_s=pin.pinned_at_s,
+                    expires_at_s=pin.expires_at_s,
+                    tool=pin.tool or None,
+                ))
+            yield
+        for events in slices.chunks(report.events):
+            self._apply_events(events, delta)
+            yield
+        for request_id in report.released_pins:
+            self.end_pin(request_id)
+        return delta
+
+    def _add_requests(self, added: Sequence[pb.NewRequest], delta: ReportDelta) -> None:
+        for new in added:
             live = LiveRequest(
                 request_id=new.request_id,
                 job_id=effective_job_id(new.job_id, new.request_id),
@@ -166,20 +205,17 @@ class EngineMirror:
             replaced = self.requests.get(new.request_id)
             if replaced is not None:
                 self._views[replaced.state].pop(new.request_id, None)
+                self._forget_live(replaced)
+                if replaced.job_id != live.job_id:
+                    delta.replaced.append(replaced)
             self.requests[new.request_id] = live
+            self._live_by_job[live.job_id] = self._live_by_job.get(live.job_id, 0) + 1
             self._views[live.state][new.request_id] = live.view()
             self.pin_outcomes.job_returned(live.job_id, live.arrival_s)
             delta.arrived.append(live)
-        for pin in report.pins:
-            self.add_pin(PinView(
-                request_id=pin.request_id,
-                job_id=effective_job_id(pin.job_id, pin.request_id),
-                blocks=pin.blocks,
-                pinned_at_s=pin.pinned_at_s,
-                expires_at_s=pin.expires_at_s,
-                tool=pin.tool or None,
-            ))
-        for event in report.events:
+
+    def _apply_events(self, events: Sequence[pb.RequestEvent], delta: ReportDelta) -> None:
+        for event in events:
             known = self.requests.get(event.request_id)
             if known is None:
                 delta.unknown_ids += 1
@@ -194,23 +230,33 @@ class EngineMirror:
             elif event.kind == pb.EVENT_KIND_FINISHED:
                 del self.requests[event.request_id]
                 self._views[known.state].pop(event.request_id, None)
+                self._forget_live(known)
                 delta.finished.append(Finished(request=known.view(), event=event))
-        for request_id in report.released_pins:
-            self.end_pin(request_id)
-        return delta
 
     def add_pin(self, pin: PinView) -> None:
+        replaced = self.pins.get(pin.request_id)
+        if replaced is not None:
+            self.pinned_blocks -= replaced.blocks
         self.pins[pin.request_id] = pin
+        self.pinned_blocks += pin.blocks
         self.pin_outcomes.pinned(pin)
         # The job's next request may have arrived before its pin was decided (a tool
         # back within the report): the pin holds its context all the same.
-        if any(live.job_id == pin.job_id for live in self.requests.values()):
+        if self._live_by_job.get(pin.job_id):
             self.pin_outcomes.job_returned(pin.job_id, pin.pinned_at_s)
+
+    def _forget_live(self, live: LiveRequest) -> None:
+        left = self._live_by_job[live.job_id] - 1
+        if left:
+            self._live_by_job[live.job_id] = left
+        else:
+            del self._live_by_job[live.job_id]
 
     def end_pin(self, request_id: str) -> PinView | None:
         """The pin is released (by the daemon or the engine); None: not held."""
         pin = self.pins.pop(request_id, None)
         if pin is not None:
+            self.pinned_blocks -= pin.blocks
             self.pin_outcomes.ended(request_id, self.now_s)
         return pin
 

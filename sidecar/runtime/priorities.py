@@ -3,7 +3,9 @@
 vLLM's PRIORITY policy admits the waiting request with the smallest
 ``(priority, arrival_time)`` and preempts the running request with the largest. A
 policy hands us an order; we must give each request an integer priority that
-reproduces that order under vLLM's comparator.
+reproduces that order under vLLM's comparator. The engine keeps these values as a
+rank inside each request's own client priority (``vllm_plugin/ranks.py``): the
+client's priority stays the first key, the order applies among requests of one.
 
 Renumbering by position would change every priority whenever the head of the queue
 is admitted, and each change costs a message item and a heap fix-up in the engine.

@@ -26,12 +26,17 @@ from sidecar.estimators.tool_time import ToolTimeEstimator
 from sidecar.framework import RequestView
 from sidecar.jobs import JobTracker
 from sidecar.jobs.history import JobEvent, JobHistoryLog
+from sidecar.jobs.tracker import MeasuredToolTime
 from sidecar.store import Store, StoreError
 from sidecar.telemetry import metrics
 
 log = structlog.get_logger("kvtether.recorder")
 
 Write = Callable[[], Awaitable[None]]
+# How far a request's arrival may be past the engine's clock in the report that
+# announces it (vLLM stamps arrivals in the API server's process, the plugin its
+# reports in the engine's: one host's clock, read a little apart).
+ENGINE_CLOCK_SLACK_S = 1.0
 
 
 class Recorder:
@@ -52,6 +57,7 @@ class Recorder:
         self.tracker = tracker
         self.estimator = estimator
         self.history = JobHistoryLog(store, max_events=history_max_events, ttl_s=history_ttl_s)
+        self.max_tool_time_s = history_ttl_s
         self._pending: deque[Write] = deque()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -61,8 +67,13 @@ class Recorder:
         self._error_logged_at_s = -math.inf
 
     # --- called on the decision path (synchronous, no I/O) ------------------------
-    def on_arrival(self, request: RequestView) -> None:
+    def on_arrival(self, request: RequestView, engine_now_s: float | None = None) -> None:
+        """``engine_now_s``: the engine's clock in the report that announced the
+        request (None: not known, nothing checked against it)."""
         measured = self.tracker.on_arrival(request.job_id, request.request_id, request.arrival_s)
+        if measured is not None and not self._possible(measured, engine_now_s):
+            metrics.TOOL_TIMES_REFUSED.inc()
+            measured = None
         if measured is not None:
             tool, duration_s = measured.tool, measured.duration_s
             self._enqueue(lambda: self.estimator.record(tool, duration_s))
@@ -73,8 +84,22 @@ class Recorder:
             prompt_tokens=request.prompt_tokens,
         ))
 
+    def _possible(self, measured: MeasuredToolTime, engine_now_s: float | None) -> bool:
+        """Whether a finished turn could have produced this tool time (tool statistics
+        are shared fleet-wide: one engine's impossible figures would move every
+        engine's estimates): the arrival that ends it is not in the future of the
+        engine's own clock, and it is no longer than a job's history lives
+        (``store.history_ttl_s``: turns further apart are not one job's history)."""
+        if (engine_now_s is not None
+                and measured.arrival_s > engine_now_s + ENGINE_CLOCK_SLACK_S):
+            return False
+        return measured.duration_s <= self.max_tool_time_s
+
     def on_finish(self, request: RequestView, departure_s: float, tool: str | None,
                   output_tokens: int) -> None:
+        # A turn departs after it arrived: an earlier departure (a clock that went
+        # back, or a made-up one) would lengthen the tool time it starts.
+        departure_s = max(departure_s, request.arrival_s)
         self.tracker.on_finish(request.job_id, request.request_id, departure_s, tool,
                                is_last_step=request.is_last_step)
         self._enqueue_history(JobEvent(

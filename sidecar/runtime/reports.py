@@ -100,6 +100,9 @@ def validate_report(report: pb.StepReport) -> None:
             check_tool(f"pins[{index}].tool", pin.tool)
         if pin.blocks > total_blocks:
             _refuse_blocks(f"pins[{index}].blocks", pin.blocks, total_blocks)
+    # The engine's counters are cumulative: a negative one would run its exported
+    # counter backwards (the integer ones cannot be negative on the wire).
+    check_time("counters.provisional_block_seconds", report.counters.provisional_block_seconds)
     work = report.work
     check_time("work.busy_s", work.busy_s)
     if work.busy_s > max(work.steps, 1) * MAX_STEP_S:

@@ -39,13 +39,14 @@ from sidecar.retention.auth import Authenticator
 from sidecar.retention.directory import RetentionDirectory
 from sidecar.retention.resolve import RetentionResolver
 from sidecar.runtime.decider import Decider, DecisionLog
-from sidecar.runtime.engines import EngineRegistry
+from sidecar.runtime.engines import EngineRegistry, ReportLimits
 from sidecar.runtime.recorder import Recorder
 from sidecar.server.decoding import DecodeErrorInterceptor
 from sidecar.server.engine_session import EngineSessionService
 from sidecar.server.grpc_metrics import GrpcMetricsInterceptor
 from sidecar.server.inspect import InspectService
-from sidecar.server.limits import RateLimitInterceptor
+from sidecar.server.limits import CallLimit, RateLimitInterceptor
+from sidecar.server.read_access import ReadAccessInterceptor
 from sidecar.server.retention import RetentionService
 from sidecar.server.supervise import supervise
 from sidecar.server.transport import bind_tcp, server_credentials
@@ -61,11 +62,31 @@ SERVICE_NAMES = (
     retention_pb2.DESCRIPTOR.services_by_name["Retention"].full_name,
     inspect_pb2.DESCRIPTOR.services_by_name["Inspect"].full_name,
 )
-# Decision messages carry hundreds of items at most; refuse anything far larger.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What one request or pin of a report takes on the wire at most, with every id and
+# name at its length limit (sidecar.api.bounds) in ASCII, and its retention directives.
+MAX_REPORT_ITEM_BYTES = 1024
+# Room for what is not a request or a pin: the clock, capacity, counters, headers.
+MESSAGE_HEADROOM_BYTES = 1024 * 1024
+
+
+def max_message_bytes(limits: ReportLimits) -> int:
+    """The largest message the daemon's gRPC transport takes or sends: the largest
+    report ``limits`` allow (every request and pin at ``MAX_REPORT_ITEM_BYTES``). A
+    larger one is refused by gRPC itself (RESOURCE_EXHAUSTED) before the daemon holds
+    any of it."""
+    items = limits.max_running + limits.max_waiting + limits.max_pins
+    return items * MAX_REPORT_ITEM_BYTES + MESSAGE_HEADROOM_BYTES
+
+
+def server_options(limits: ReportLimits) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes(limits)),
+        ("grpc.max_send_message_length", max_message_bytes(limits)),
+        *SERVER_OPTIONS,
+    ]
+
+
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Engines keep one stream open for days; keepalives find dead peers.
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -115,22 +136,40 @@ class Daemon:
         recorder = Recorder(store, tracker, estimator, config.store.history_max_events,
                             config.store.history_ttl_s)
         decisions = DecisionLog()
-        authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes)
+        authenticator = Authenticator(config.auth.token_scopes(), config.auth.engine_scopes,
+                                      config.auth.engine_ids, config.auth.read_scopes)
         directory = RetentionDirectory(store, max_jobs=config.max_jobs_tracked)
         # With tokens configured, a request's claimed retention_scope counts as anonymous.
         retention = RetentionResolver(directory, trust_request_scopes=not authenticator.enabled)
+        report_limits = ReportLimits(max_running=config.limits.max_running_per_engine,
+                                     max_waiting=config.limits.max_waiting_per_engine,
+                                     max_pins=config.limits.max_pins_per_engine)
         engines = EngineRegistry(Decider(policy, recorder, decisions, retention),
-                                 forget_after_s=config.engine_forget_after_s)
+                                 forget_after_s=config.engine_forget_after_s,
+                                 limits=report_limits)
 
-        limiter = RateLimitInterceptor(
-            f"/{SERVICE_NAMES[1]}/", config.limits.retention_calls_per_s,
-            config.limits.retention_burst, authenticator)
-        # Metrics first: outermost, they count the calls the others refuse.
-        server = grpc.aio.server(
-            options=SERVER_OPTIONS,
-            interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor(), limiter])
+        limits = config.limits
+        limiter = RateLimitInterceptor([
+            CallLimit(f"/{SERVICE_NAMES[0]}/", limits.engine_calls_per_s, limits.engine_burst,
+                      "limits.engine_calls_per_s"),
+            CallLimit(f"/{SERVICE_NAMES[1]}/", limits.retention_calls_per_s,
+                      limits.retention_burst, "limits.retention_calls_per_s"),
+            CallLimit(f"/{SERVICE_NAMES[2]}/", limits.inspect_calls_per_s, limits.inspect_burst,
+                      "limits.inspect_calls_per_s"),
+        ], authenticator)
+        # Metrics first: outermost, they count the calls the others refuse. The rate
+        # limit before the read check: a caller without a token is limited too.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            GrpcMetricsInterceptor(), DecodeErrorInterceptor(), limiter]
+        if authenticator.enabled and not config.auth.inspect_open:
+            interceptors.append(ReadAccessInterceptor(
+                (f"/{SERVICE_NAMES[2]}/", f"/{SERVICE_NAMES[1]}/GetDirectives"),
+                authenticator))
+        server = grpc.aio.server(options=server_options(report_limits),
+                                 interceptors=interceptors)
         engine_session_pb2_grpc.add_EngineSessionServicer_to_server(
-            EngineSessionService(engines, authenticator), server)
+            EngineSessionService(engines, authenticator, limits.engine_takeovers_per_min,
+                                 limits.engine_takeover_burst), server)
         retention_pb2_grpc.add_RetentionServicer_to_server(
             RetentionService(store, directive_ttl_s=config.store.history_ttl_s,
                              directory=directory, authenticator=authenticator,
@@ -142,9 +181,8 @@ class Daemon:
         if config.listen.inspect_tcp:
             # Inspect apart: operators get read-only access on their own port (and
             # network policy), engines and orchestrators never share it.
-            inspect_server = grpc.aio.server(
-                options=SERVER_OPTIONS,
-                interceptors=[GrpcMetricsInterceptor(), DecodeErrorInterceptor()])
+            inspect_server = grpc.aio.server(options=server_options(report_limits),
+                                             interceptors=interceptors)
             _serve(inspect_server, health_servicer, SERVICE_NAMES[2:], inspect)
             _serve(server, health_servicer, SERVICE_NAMES[:2])
         else:
@@ -205,9 +243,14 @@ class Daemon:
             log.warning("retention_scopes_unauthenticated",
                         detail="retention scopes are claimed by callers (the request's "
                                "scope field), not authenticated, a bearer token sent "
-                               "without a scope is refused, and engines report without a "
-                               "token: configure auth.tokens or auth.tokens_file, and "
-                               "auth.engine_scopes")
+                               "without a scope is refused, engines report without a "
+                               "token (any caller may take an engine id over, a few times "
+                               "a minute), and Inspect is open: configure auth.tokens or "
+                               "auth.tokens_file, and auth.engine_scopes")
+        elif self.config.auth.inspect_open:
+            log.warning("inspect_open",
+                        detail="auth.inspect_open: Inspect and Retention/GetDirectives "
+                               "answer callers without a token")
 
     def _start_task(self, name: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
         # Supervised: a task that ends before stop is logged, counted and restarted.

@@ -1,10 +1,13 @@
 """gRPC Inspect: read-only views of the policy, jobs, pins, tool statistics and decisions.
 
-The event loop that serves these answers the engines too, and none of it needs a
-token: every listing is paged with a capped limit (:mod:`sidecar.server.paging`), does
-work in proportion to its page and the engines' pins (never their product), and gives
-the loop a turn between chunks; watchers are capped, share a send budget and are
-dropped when they fall behind (:mod:`sidecar.runtime.decision_feed`).
+The event loop that serves these answers the engines too: every listing (Explain of
+an id that names many requests too) is paged with a capped limit
+(:mod:`sidecar.server.paging`), does work in proportion to its page and the engines'
+pins (never their product), and gives the loop a turn between chunks; watchers are
+capped, share a send budget and are dropped when they fall behind
+(:mod:`sidecar.runtime.decision_feed`). Calls are rate-limited per caller
+(:mod:`sidecar.server.limits`) and, with auth tokens configured, take a token of a read
+scope (:mod:`sidecar.server.read_access`).
 """
 
 from __future__ import annotations
@@ -299,10 +302,16 @@ class InspectService(inspect_pb2_grpc.InspectServicer):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "request_id: must not be empty")
-        decisions = self._decisions.explain(request.request_id)
+        try:
+            limit = page_limit(request.limit)
+            after = str(decode_token(request.page_token, str)[0]) if request.page_token else ""
+        except FieldError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        decisions, last = self._decisions.explain_page(request.request_id, limit, after)
         if not decisions:
             return pb.ExplainResponse(found=False)
-        return pb.ExplainResponse(found=True, decision=decisions[-1], decisions=decisions)
+        return pb.ExplainResponse(found=True, decision=decisions[-1], decisions=decisions,
+                                  next_page_token=encode_token(last) if last else "")
 
     async def WatchDecisions(
         self, request: pb.WatchDecisionsRequest, context: grpc.aio.ServicerContext

@@ -1,11 +1,13 @@
 """Request-rate limits per caller, as a gRPC server interceptor.
 
-Retention calls are limited per caller: the scope a valid bearer token authenticates,
-else the address the call comes from (without the client's port, which changes with
-every connection; every Unix-socket client is one caller). A caller with a bad token is
-limited by its address before the service refuses it. A token bucket per key; beyond it
-the call ends with RESOURCE_EXHAUSTED and changes nothing. Buckets are kept for the
-most recently seen callers only, so memory stays bounded whoever calls.
+Each limited service (Retention, EngineSession, Inspect) has its own budget per
+caller: the scope a valid bearer token authenticates, else the address the call comes
+from (without the client's port, which changes with every connection; every
+Unix-socket client is one caller). A caller with a bad token is limited by its address
+before the service refuses it. A token bucket per key; beyond it the call ends with
+RESOURCE_EXHAUSTED and changes nothing. A streaming call counts once, when it opens
+(an engine's Session stream is one call however many reports it carries). Buckets are
+kept for the most recently seen keys only, so memory stays bounded whoever calls.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from sidecar.retention.auth import Authenticator, Unauthenticated
+from sidecar.server.handlers import gated, rewrapped
 
 MAX_TRACKED_CALLERS = 10_000
 
@@ -54,28 +57,57 @@ class TokenBucket:
         return True
 
 
-class RateLimitInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service_prefix: str, rate_per_s: float, burst: int,
-                 authenticator: Authenticator,
+class KeyedBuckets:
+    """A token bucket per key (a caller, an engine id), for the ``MAX_TRACKED_CALLERS``
+    most recently seen keys: a key forgotten starts again with a full bucket."""
+
+    def __init__(self, rate_per_s: float, burst: int,
                  clock_s: Callable[[], float] = time.monotonic) -> None:
-        self._prefix = service_prefix
-        self._rate_per_s = rate_per_s
-        self._burst = burst
-        self._authenticator = authenticator
+        self.rate_per_s = rate_per_s
+        self.burst = burst
         self._clock_s = clock_s
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def _allow(self, key: str) -> bool:
+    def allow(self, key: str) -> bool:
+        """Takes one from ``key``'s bucket; False: it is empty."""
         now_s = self._clock_s()
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = TokenBucket(self._rate_per_s, self._burst, now_s)
+            bucket = TokenBucket(self.rate_per_s, self.burst, now_s)
             self._buckets[key] = bucket
             if len(self._buckets) > MAX_TRACKED_CALLERS:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
         return bucket.take(now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimit:
+    """Calls to the methods under ``prefix`` (``/kvtether.v1.Retention/``), per caller."""
+
+    prefix: str
+    rate_per_s: float
+    burst: int
+    # The settings that set it, for the refusal (``limits.retention_calls_per_s``).
+    setting: str
+
+
+def caller_key(context: grpc.aio.ServicerContext, authenticator: Authenticator) -> str:
+    """Whom a call counts against: its token's scope, else its address."""
+    if authenticator.enabled:
+        # Without a valid token the service refuses the call itself.
+        with contextlib.suppress(Unauthenticated):
+            return f"scope:{authenticator.scope_of(context.invocation_metadata())}"
+    return f"address:{peer_address(context.peer())}"
+
+
+class RateLimitInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, limits: Sequence[CallLimit], authenticator: Authenticator,
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        self._limits = [(limit, KeyedBuckets(limit.rate_per_s, limit.burst, clock_s))
+                        for limit in limits]
+        self._authenticator = authenticator
 
     async def intercept_service(
         self,
@@ -84,27 +116,17 @@ class RateLimitInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method or ""
-        if handler is None or not method.startswith(self._prefix) or handler.unary_unary is None:
+        found = [(limit, buckets) for limit, buckets in self._limits
+                 if method.startswith(limit.prefix)]
+        if handler is None or not found:
             return handler
-        inner = handler.unary_unary
-        allow = self._allow
+        limit, buckets = found[0]
         authenticator = self._authenticator
-        metadata = handler_call_details.invocation_metadata
 
-        async def limited(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            key = f"address:{peer_address(context.peer())}"
-            if authenticator.enabled:
-                # Without a valid token the service refuses the call itself.
-                with contextlib.suppress(Unauthenticated):
-                    key = f"scope:{authenticator.scope_of(metadata)}"
-            if not allow(key):
+        async def gate(context: grpc.aio.ServicerContext) -> None:
+            if not buckets.allow(caller_key(context, authenticator)):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                    f"rate limit: more than {self._rate_per_s:g} calls/s "
-                                    f"(burst {self._burst}) for this caller")
-            return await inner(request, context)
+                                    f"rate limit: more than {limit.rate_per_s:g} calls/s "
+                                    f"(burst {limit.burst}) for this caller ({limit.setting})")
 
-        return grpc.unary_unary_rpc_method_handler(
-            limited,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rewrapped(handler, lambda behavior, _kind: gated(behavior, gate))

@@ -14,7 +14,8 @@ UNAUTHENTICATED and the request's ``scope`` field is ignored; without tokens, th
 ``scope`` the request claims; then a mutation that sends a bearer token but claims no
 scope is INVALID_ARGUMENT, since the token identifies no one and its sender expects it
 to (an anonymous directive is one its setter can never clear), and refusing an
-anonymous caller says which scope to claim. Reads need no token.
+anonymous caller says which scope to claim. GetDirectives is a read: with tokens, it
+takes a token of a read scope (``sidecar.server.read_access``), else none.
 
 Ownership is decided atomically in the store (``sidecar.retention.directives``); every
 accepted change is written through to the directory the decision path reads, so it

@@ -32,6 +32,8 @@ class EngineTotals:
     answers_by_lag_steps: tuple[int, ...]
     # KV hint actions (vLLM's Request.kv_hints) the engine did not read.
     kv_hint_actions_ignored: int = 0
+    # Fields refused in KV hint actions the engine otherwise read.
+    kv_hint_fields_refused: int = 0
 
 
 FALLBACK_STEPS = "kvtether_engine_fallback_steps"
@@ -40,6 +42,7 @@ IDLE_WAITS_MISSED = "kvtether_engine_idle_waits_missed"
 PROVISIONAL_BLOCK_SECONDS = "kvtether_engine_provisional_block_seconds"
 ANSWER_LAG = "kvtether_engine_answer_lag_steps"
 KV_HINT_ACTIONS_IGNORED = "kvtether_engine_kv_hint_actions_ignored"
+KV_HINT_FIELDS_REFUSED = "kvtether_engine_kv_hint_fields_refused"
 
 _HELP = {
     FALLBACK_STEPS: "Steps the engine scheduled natively because no fresh decision came "
@@ -56,6 +59,9 @@ _HELP = {
     KV_HINT_ACTIONS_IGNORED: "KV hint actions (vLLM's Request.kv_hints) the engine ignored: "
                              "of a type or version kvtether does not read, or malformed "
                              "(engine-reported).",
+    KV_HINT_FIELDS_REFUSED: "Fields of KV hint actions the engine read but refused, one per "
+                            "field and action: NVIDIA Dynamo's block_hashes, blocks named by "
+                            "hash that kvtether does not look up (engine-reported).",
     ANSWER_LAG: "Decisions the engine applied, by steps between its report and their "
                 "application (le 1.0: by the next step, as designed; the top bucket is open; "
                 "engine-reported; no _sum, the top bucket's lags are not known).",
@@ -101,10 +107,11 @@ class EngineCounterCollector(Collector):
         return self._families(dict(self._totals))
 
     def _families(self, totals: dict[str, EngineTotals]) -> Iterator[Metric]:
-        counters = {name: CounterMetricFamily(name, _HELP[name], labels=["engine"])
+        counters = {name: CounterMetricFamily(name, _HELP[name], labels=["engine_id"])
                     for name in (FALLBACK_STEPS, IDLE_WAITS, IDLE_WAITS_MISSED,
-                                 PROVISIONAL_BLOCK_SECONDS, KV_HINT_ACTIONS_IGNORED)}
-        lags = HistogramMetricFamily(ANSWER_LAG, _HELP[ANSWER_LAG], labels=["engine"])
+                                 PROVISIONAL_BLOCK_SECONDS, KV_HINT_ACTIONS_IGNORED,
+                                 KV_HINT_FIELDS_REFUSED)}
+        lags = HistogramMetricFamily(ANSWER_LAG, _HELP[ANSWER_LAG], labels=["engine_id"])
         for engine_id, engine in sorted(totals.items()):
             counters[FALLBACK_STEPS].add_metric([engine_id], engine.fallback_steps)
             counters[IDLE_WAITS].add_metric([engine_id], engine.idle_waits)
@@ -113,10 +120,12 @@ class EngineCounterCollector(Collector):
                 [engine_id], engine.provisional_block_seconds)
             counters[KV_HINT_ACTIONS_IGNORED].add_metric([engine_id],
                                                          engine.kv_hint_actions_ignored)
+            counters[KV_HINT_FIELDS_REFUSED].add_metric([engine_id],
+                                                        engine.kv_hint_fields_refused)
             if engine.answers_by_lag_steps:
                 buckets = lag_buckets(engine.answers_by_lag_steps)
                 # No _sum: add_metric writes _count only with one.
                 lags.add_metric([engine_id], buckets, sum_value=None)
-                lags.add_sample(f"{ANSWER_LAG}_count", {"engine": engine_id}, buckets[-1][1])
+                lags.add_sample(f"{ANSWER_LAG}_count", {"engine_id": engine_id}, buckets[-1][1])
         yield from counters.values()
         yield lags

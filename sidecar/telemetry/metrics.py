@@ -96,6 +96,24 @@ ENGINE_SESSIONS_REPLACED = Counter(
     "Engine sessions ended because a newer session of the same engine id sent a snapshot.",
     registry=REGISTRY,
 )
+# Snapshots refused because they would have taken an engine id from the live session
+# that holds it (another token's scope, or over limits.engine_takeovers_per_min):
+# a caller is reporting under an engine id that is not its own.
+ENGINE_SESSIONS_REFUSED = Counter(
+    "kvtether_engine_sessions_refused_total",
+    "Session snapshots refused because another live session holds their engine id "
+    "(another scope's token, or too many takeovers of the id a minute).",
+    registry=REGISTRY,
+)
+# Tool times a report implied that no finished turn could have produced (an arrival
+# in the future of the engine's clock, or longer than a job's history lives): left
+# out of the shared tool statistics.
+TOOL_TIMES_REFUSED = Counter(
+    "kvtether_tool_times_refused_total",
+    "Tool times left out of the tool statistics because no finished turn could have "
+    "produced them (an arrival past the engine's clock, or longer than store.history_ttl_s).",
+    registry=REGISTRY,
+)
 PINS_ACTIVE = Gauge(
     "kvtether_pins_active", "Pins held by connected engines.", registry=REGISTRY
 )
@@ -119,7 +137,7 @@ PINS_UNRETURNED = Counter(
     "kvtether_pins_unreturned_total",
     "Pins the engine released (expired, freed under pressure or by the engine) before "
     "their job's next turn arrived at that engine.",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 PIN_BLOCK_SECONDS = Counter(
@@ -139,7 +157,7 @@ ENGINE_STEPS = Counter(
     "kvtether_engine_steps_total",
     "Engine steps that scheduled work, as the engine's reports to this daemon carried them "
     "(steps while no daemon listened are not counted).",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 # Whether the daemon's last decision for an engine asked it to keep the turns that
@@ -149,16 +167,16 @@ ENGINE_FINISHED_TURNS_CACHED = Gauge(
     "kvtether_engine_finished_turns_cached",
     "1 while the daemon asks the engine to keep finished turns' blocks cached at the top "
     "retention priority, 0 while it asks them held, until its word on a pin lands.",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 # What adaptive's provisional_cache=auto reads: while a tenth or more of an engine's
 # recent answers land late it caches finished turns (sidecar/telemetry/answer_lag.py).
-ENGINE_LATE_ANSWER_SHARE = Gauge(
-    "kvtether_engine_late_answer_share",
+ENGINE_LATE_ANSWER_RATIO = Gauge(
+    "kvtether_engine_late_answer_ratio",
     f"Share of the engine's last {WINDOW_ANSWERS} answers it applied {LATE_ANSWER_STEPS} "
     "or more steps after the report they answered (0-1; from the engine-reported lags).",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 # An engine's step cost as the daemon learned it from the reports (set once known to
@@ -166,19 +184,19 @@ ENGINE_LATE_ANSWER_SHARE = Gauge(
 ENGINE_PREFILL_S_PER_TOKEN = Gauge(
     "kvtether_engine_prefill_seconds_per_token",
     "Seconds one prompt token costs to compute on the engine, learned from its steps.",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 ENGINE_DECODE_S_PER_SEQ = Gauge(
     "kvtether_engine_decode_seconds_per_request",
     "Seconds one decoding request adds to a step of the engine, learned from its steps.",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 ENGINE_STEP_S = Gauge(
     "kvtether_engine_step_seconds",
     "Fixed seconds of one step of the engine, learned from its steps.",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 # Prompt tokens a second over the last ~10 s times the learned cost of one: the
@@ -187,7 +205,7 @@ ENGINE_PREFILL_TIME_RATIO = Gauge(
     "kvtether_engine_prefill_time_ratio",
     "Share of the engine's time spent computing prompts over the last ~10 s of its "
     "clock (prompt tokens a second times the learned seconds per token; 0-1).",
-    ["engine"],
+    ["engine_id"],
     registry=REGISTRY,
 )
 STORE_LATENCY = Histogram(

@@ -38,8 +38,11 @@ def auth_daemon(engine: LiveEngine, tmp_path: Path) -> Iterator[LiveEngine]:
     """The session's daemon restarted with fcfs and auth tokens; restored afterwards."""
     (tmp_path / "tokens.yaml").write_text(f'"{OWNER_TOKEN}": dynamo\n"{OTHER_TOKEN}": llm-d\n'
                                           f'"{ENGINE_TOKEN}": engines\n')
+    # Reading stays open (inspect_open): the tests' helpers read Inspect and
+    # GetDirectives without a token; mutations still take one.
     (tmp_path / "kvtether.yaml").write_text(f"auth:\n  tokens_file: {tmp_path / 'tokens.yaml'}\n"
-                                            "  engine_scopes: [engines]\n")
+                                            "  engine_scopes: [engines]\n"
+                                            "  inspect_open: true\n")
     previous = engine.daemon.policy or "continuum"
     engine.daemon.extra_args = ("--config", str(tmp_path / "kvtether.yaml"))
     engine.daemon.start("fcfs")

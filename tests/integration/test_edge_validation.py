@@ -77,19 +77,19 @@ def scrape(daemon: DaemonProcess) -> str:
     return urllib.request.urlopen(url, timeout=5).read().decode()
 
 
-def test_item8_infinite_now_and_arrival_are_refused(channel: grpc.Channel) -> None:
+def test_infinite_now_and_arrival_are_refused(channel: grpc.Channel) -> None:
     assert step_refusal(channel, now_s=INF).startswith("now_s: must be a finite number")
     assert step_refusal(channel, new_requests=[arrival(arrival_s=INF)]).startswith(
         "new_requests[0].arrival_s: must be a finite number")
 
 
-def test_item8_nan_or_negative_finish_times_are_refused(channel: grpc.Channel) -> None:
+def test_nan_or_negative_finish_times_are_refused(channel: grpc.Channel) -> None:
     for at_s in (NAN, -1.0, INF):
         details = step_refusal(channel, new_requests=[arrival()], events=[finish(at_s=at_s)])
         assert details.startswith("events[0].at_s: must be a finite number"), details
 
 
-def test_item8_nan_pin_times_are_refused_and_no_such_pin_is_held(channel: grpc.Channel) -> None:
+def test_nan_pin_times_are_refused_and_no_such_pin_is_held(channel: grpc.Channel) -> None:
     assert step_refusal(channel, pins=[pin(expires_at_s=NAN)]).startswith(
         "pins[0].expires_at_s: must be a finite number")
     assert step_refusal(channel, pins=[pin(pinned_at_s=NAN)]).startswith(
@@ -101,14 +101,14 @@ def test_item8_nan_pin_times_are_refused_and_no_such_pin_is_held(channel: grpc.C
     assert list(pins.pins) == []  # a pin that never expires is never held
 
 
-def test_item8_work_fields_beyond_any_step_are_refused(channel: grpc.Channel) -> None:
+def test_work_fields_beyond_any_step_are_refused(channel: grpc.Channel) -> None:
     for busy_s in (NAN, -1.0, 1e300):
         details = step_refusal(channel, work=pb.StepWork(steps=1, busy_s=busy_s,
                                                          prefill_tokens=10))
         assert details.startswith("work.busy_s: "), details
 
 
-def test_item8_out_of_range_enum_values_are_refused(channel: grpc.Channel) -> None:
+def test_out_of_range_enum_values_are_refused(channel: grpc.Channel) -> None:
     assert step_refusal(channel, new_requests=[arrival(state=7)]).startswith(
         "new_requests[0].state: 7 is not a RequestState")
     assert step_refusal(channel, new_requests=[arrival()], events=[
@@ -118,7 +118,7 @@ def test_item8_out_of_range_enum_values_are_refused(channel: grpc.Channel) -> No
         finish(finish_reason=42)]).startswith("events[0].finish_reason: 42 is not a FinishReason")
 
 
-def test_item8_blocks_above_the_total_are_refused(channel: grpc.Channel) -> None:
+def test_blocks_above_the_total_are_refused(channel: grpc.Channel) -> None:
     assert step_refusal(channel, kv=pb.KvCapacity(total_blocks=10, free_blocks=11)).startswith(
         "kv.free_blocks: 11 exceed kv.total_blocks 10")
     assert step_refusal(channel, new_requests=[arrival()], events=[finish(blocks=101)]
@@ -127,12 +127,12 @@ def test_item8_blocks_above_the_total_are_refused(channel: grpc.Channel) -> None
         "pins[0].blocks: 1000000 exceed kv.total_blocks 100")
 
 
-def test_item8_released_pins_count_toward_the_item_limit(channel: grpc.Channel) -> None:
+def test_released_pins_count_toward_the_item_limit(channel: grpc.Channel) -> None:
     details = step_refusal(channel, released_pins=["p"] * 100_000)
     assert details.startswith("released_pins: 100000 items in one report"), details
 
 
-def test_item8_lag_buckets_are_bounded_and_make_no_metric_series_beyond(
+def test_lag_buckets_are_bounded_and_make_no_metric_series_beyond(
         daemon: DaemonProcess, channel: grpc.Channel) -> None:
     # Each bucket of an engine's decision-lag histogram becomes a metric series.
     counters = pb.EngineCounters(answers_by_lag_steps=[1] * 100_000)
@@ -141,7 +141,7 @@ def test_item8_lag_buckets_are_bounded_and_make_no_metric_series_beyond(
     assert 'lag="99999"' not in scrape(daemon)
 
 
-def test_item8_every_float_of_every_request_is_finite(channel: grpc.Channel) -> None:
+def test_every_float_of_every_request_is_finite(channel: grpc.Channel) -> None:
     counters = pb.EngineCounters(provisional_block_seconds=INF)
     assert step_refusal(channel, counters=counters).startswith(
         "counters.provisional_block_seconds: must be a finite number")
@@ -162,7 +162,7 @@ def test_item8_every_float_of_every_request_is_finite(channel: grpc.Channel) -> 
     "/kvtether.v1.Retention/SetDirectives", "/kvtether.v1.Retention/AnnounceToolCall",
     "/kvtether.v1.Inspect/GetJob", "/kvtether.v1.Inspect/WatchDecisions",
 ])
-def test_item8_undecodable_request_bytes_are_invalid_argument(channel: grpc.Channel,
+def test_undecodable_request_bytes_are_invalid_argument(channel: grpc.Channel,
                                                               method: str) -> None:
     garbage = b"\xff\xff\xff\xff"  # a field number 0 with a truncated varint: no message
     if method.endswith("/Session"):
@@ -177,7 +177,7 @@ def test_item8_undecodable_request_bytes_are_invalid_argument(channel: grpc.Chan
     assert details.startswith(f"{method}: the request does not decode"), details
 
 
-def test_item4_long_engine_id_is_refused_and_creates_no_metric_series(
+def test_long_engine_id_is_refused_and_creates_no_metric_series(
         daemon: DaemonProcess, channel: grpc.Channel) -> None:
     stub = engine_session_pb2_grpc.EngineSessionStub(channel)
     huge = "e" * 1_000_000
@@ -190,7 +190,7 @@ def test_item4_long_engine_id_is_refused_and_creates_no_metric_series(
     assert len(text) < 100_000
 
 
-def test_item4_every_string_of_every_request_has_a_length_limit(channel: grpc.Channel) -> None:
+def test_every_string_of_every_request_has_a_length_limit(channel: grpc.Channel) -> None:
     long_id, long_tool = "x" * (MAX_ID_CHARS + 1), "t" * (MAX_TOOL_CHARS + 1)
     too_long = f"{MAX_ID_CHARS + 1} characters exceed the limit of {MAX_ID_CHARS}"
     assert step_refusal(channel, new_requests=[arrival(job_id=long_id)]) \
@@ -226,7 +226,7 @@ def test_item4_every_string_of_every_request_has_a_length_limit(channel: grpc.Ch
                                                 timeout=5)).startswith("tool: ")
 
 
-def test_item1_reserved_tool_name_is_refused_by_announce_tool_call(
+def test_reserved_tool_name_is_refused_by_announce_tool_call(
         channel: grpc.Channel) -> None:
     retention = retention_pb2_grpc.RetentionStub(channel)
     details = refusal(lambda: retention.AnnounceToolCall(retention_pb2.AnnounceToolCallRequest(

@@ -227,7 +227,7 @@ async def ended_with(engine: Engine) -> grpc.aio.AioRpcError:
     return ended.value
 
 
-async def test_item6_a_newer_session_replaces_the_older_one_whose_deltas_never_apply(
+async def test_a_newer_session_replaces_the_older_one_whose_deltas_never_apply(
         daemon_process: grpc.aio.Channel) -> None:
     channel = daemon_process
     inspect = inspect_pb2_grpc.InspectStub(channel)
@@ -253,7 +253,7 @@ async def test_item6_a_newer_session_replaces_the_older_one_whose_deltas_never_a
     await newer.close()
 
 
-async def test_item6_unary_step_cannot_touch_an_engine_with_a_live_session(
+async def test_unary_step_cannot_touch_an_engine_with_a_live_session(
         daemon_process: grpc.aio.Channel) -> None:
     channel = daemon_process
     engine = Engine(channel, "live-engine")
@@ -276,7 +276,7 @@ async def test_item6_unary_step_cannot_touch_an_engine_with_a_live_session(
     assert not alone.resync_requested
 
 
-async def test_item5_every_key_the_daemon_writes_to_redis_expires(clean_redis: str) -> None:
+async def test_every_key_the_daemon_writes_to_redis_expires(clean_redis: str) -> None:
     """On Redis, histories (and everything else kvtether writes) are bounded by age:
     after jobs ran, tools were timed and a directive was set, no key lacks a TTL."""
     import redis as redis_client
@@ -288,8 +288,10 @@ async def test_item5_every_key_the_daemon_writes_to_redis_expires(clean_redis: s
         engine = Engine(channel)
         await engine.send(snapshot=True, new_requests=[new("r1", "job", 1.0)])
         await engine.send(events=[finished("r1", 2.0, tool="pytest")])
-        await engine.send(new_requests=[new("r2", "job", 5.0), new("solo", "", 5.0)])
-        await engine.send(events=[finished("r2", 6.0), finished("solo", 6.0)])
+        # The engine's clock reads the arrivals it reports: the tool time counts.
+        await engine.send(new_requests=[new("r2", "job", 5.0), new("solo", "", 5.0)],
+                          now_s=5.0)
+        await engine.send(events=[finished("r2", 6.0), finished("solo", 6.0)], now_s=6.0)
         await retention_pb2_grpc.RetentionStub(channel).SetDirectives(
             retention_pb2.SetDirectivesRequest(
                 target=retention_pb2.RetentionTarget(job_id="job"), scope="orchestrator",

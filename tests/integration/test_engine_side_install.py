@@ -1,4 +1,4 @@
-"""``pip install kvtether`` as a vLLM image takes it: the engine side's own small
+"""kvtether with no extra, as a vLLM image takes it: the engine side's own small
 dependency set, at the oldest protobuf vLLM accepts.
 
 A fresh virtual environment gets ``protobuf==5.29.6`` (vLLM 0.33's floor) and this
@@ -71,4 +71,4 @@ def test_the_daemon_command_names_the_extra(engine_side_python: Path) -> None:
                           timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
-    assert "pip install 'kvtether[daemon]'" in done.stderr
+    assert "pip install '.[daemon]'" in done.stderr

@@ -42,9 +42,9 @@ from tests.support.k8s_tools import (
     helm_template_error,
     kubernetes_versions,
     kustomize,
+    prometheus_operator_errors,
     run,
     schema_errors,
-    servicemonitor_errors,
     tool,
 )
 from tests.support.redis_server import free_port
@@ -72,6 +72,27 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                    "config": {"store": {"history_ttl_s": 7200}}},
     },
 }
+
+
+# Sidecar-only mode beside another chart's pods, every optional object on.
+SIDECAR_ONLY: dict[str, Any] = {
+    "mode": "sidecar-only",
+    "targetPods": {"matchLabels": {"llm-d.ai/role": "decode", "kvtether.io/sidecar": "true"}},
+    "store": {"redisUrl": "redis://redis.cache:6379/0"},
+    "serviceMonitor": {
+        "enabled": True, "labels": {"release": "prometheus"},
+        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_label_llm_d_ai_model"],
+                         "targetLabel": "model_name"}],
+        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_gc_.*",
+                               "action": "drop"}]},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "dashboard": {"enabled": True},
+    "networkPolicy": {"enabled": True, "servingPorts": [8000, 8200]},
+    "podDisruptionBudget": {"enabled": True},
+}
+RULES = ROOT / "deploy" / "prometheus" / "kvtether-rules.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "kvtether-dashboard.json"
+OTHER_CHARTS = ROOT / "deploy" / "helm" / "other-charts"
 
 
 def render(name: str, tmp_path: Path, kube_version: str | None = None) -> list[dict[str, Any]]:
@@ -146,6 +167,8 @@ def test_install_notes_point_several_replicas_at_routing_and_a_shared_store(
     assert "docs/routing.md" in shared and "store.redisUrl" not in shared
     mutual = notes(VALUE_SETS["tls-and-tokens"])
     assert "--tls-ca ca.crt --tls-cert client.crt --tls-key client.key" in mutual
+    # With tokens, Inspect answers only a token of a read scope.
+    assert "--token-file TOKEN_FILE pins" in mutual and "--token-file" not in single
 
 
 # --- what the API server accepts ---------------------------------------------------------
@@ -169,10 +192,10 @@ def test_optional_objects_are_off_by_default_and_on_when_asked(tmp_path: Path) -
 def test_servicemonitor_matches_its_crd_and_scrapes_both_metrics_ports(tmp_path: Path) -> None:
     objects = render("optional-objects-on", tmp_path)
     monitor = one(objects, "ServiceMonitor")
-    assert servicemonitor_errors([monitor]) == []
+    assert prometheus_operator_errors([monitor]) == []
     # The validator does refuse what the CRD forbids.
     broken = {**monitor, "spec": {**monitor["spec"], "endpoints": [{"port": 9400}]}}
-    (refusal,) = servicemonitor_errors([broken])
+    (refusal,) = prometheus_operator_errors([broken])
     assert "port" in refusal, refusal
 
     selector = monitor["spec"]["selector"]["matchLabels"]
@@ -202,6 +225,161 @@ def test_network_policy_and_budget_cover_the_pods(tmp_path: Path) -> None:
     assert opened == served, f"the NetworkPolicy opens {opened}, the pod serves {served}"
     # One GPU per replica: a budget of minAvailable would block every node drain.
     assert budget["spec"].get("maxUnavailable") == 1 and "minAvailable" not in budget["spec"]
+
+
+# --- sidecar-only mode, monitoring objects ----------------------------------------------------
+
+def test_sidecar_only_renders_the_daemons_objects_and_no_vllm(tmp_path: Path) -> None:
+    objects = helm_template(SIDECAR_ONLY, tmp_path, release="kvtether")
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == [
+        ("ConfigMap", "kvtether-config"), ("ConfigMap", "kvtether-dashboard"),
+        ("NetworkPolicy", "kvtether"), ("PodDisruptionBudget", "kvtether"),
+        ("PrometheusRule", "kvtether"), ("Service", "kvtether-daemon"),
+        ("ServiceMonitor", "kvtether"),
+    ]
+    selector = SIDECAR_ONLY["targetPods"]["matchLabels"]
+    assert one(objects, "Service")["spec"]["selector"] == selector
+    assert one(objects, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"] == selector
+    assert one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
+    # The target pods' own serving ports stay open beside the daemon's: the policy
+    # isolates every pod it selects.
+    opened = {p["port"] for rule in one(objects, "NetworkPolicy")["spec"]["ingress"]
+              for p in rule["ports"]}
+    assert opened == {8000, 8200, 50051, 9400}
+    config = yaml.safe_load(one(objects, "ConfigMap", "kvtether-config")["data"]["kvtether.yaml"])
+    assert config["store"]["redis_url"] == "redis://redis.cache:6379/0"
+
+
+def test_sidecar_only_lints_and_matches_every_supported_kubernetes_api_and_the_crds(
+        tmp_path: Path) -> None:
+    values_file = tmp_path / "sidecar-only.yaml"
+    values_file.write_text(yaml.safe_dump(SIDECAR_ONLY))
+    done = run([tool("helm"), "lint", "--strict", str(CHART), "--values", str(values_file)])
+    assert done.returncode == 0, f"helm lint --strict (sidecar-only): {done.stdout}{done.stderr}"
+    for version in kubernetes_versions():
+        objects = helm_template(SIDECAR_ONLY, tmp_path, kube_version=version)
+        errors = schema_errors(objects, version)
+        assert not errors, f"sidecar-only is invalid in Kubernetes {version}: {errors}"
+    crds = [o for o in objects if o["kind"] in {"ServiceMonitor", "PrometheusRule"}]
+    assert len(crds) == 2 and prometheus_operator_errors(crds) == []
+    # The validator does refuse what the PrometheusRule CRD forbids.
+    rule = one(crds, "PrometheusRule")
+    broken = {**rule, "spec": {"groups": [{"name": "g", "rules": [{"alert": "A"}]}]}}
+    (refusal,) = prometheus_operator_errors([broken])
+    assert "expr" in refusal, refusal
+
+
+def test_sidecar_only_daemon_config_passes_the_cli_check(tmp_path: Path) -> None:
+    objects = helm_template(SIDECAR_ONLY, tmp_path)
+    config_file = tmp_path / "kvtether.yaml"
+    config = one(objects, "ConfigMap", "kvt-kvtether-config")["data"]["kvtether.yaml"]
+    config_file.write_text(config)
+    done = subprocess.run(serve_command("--config", str(config_file), "--check"),
+                          capture_output=True, text=True, timeout=60, env=clean_env(), cwd=ROOT)
+    assert done.returncode == 0 and "configuration ok" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"mode": "sidecar-only"}, "targetPods"),
+    ({"mode": "sidecar-only", "targetPods": {"matchLabels": {}}}, "/targetPods/matchLabels"),
+    ({"mode": "sidecar"}, "/mode"),
+    ({"mode": "sidecar-only", "targetPods": {"matchLabels": {"app": "vllm"}},
+      "networkPolicy": {"enabled": True}}, "networkPolicy.servingPorts"),
+    ({"serviceMonitor": {"relabelings": {"targetLabel": "model_name"}}},
+     "/serviceMonitor/relabelings"),
+])
+def test_sidecar_only_refuses_what_would_select_or_close_the_wrong_pods(
+        values: dict[str, Any], named: str, tmp_path: Path) -> None:
+    error = helm_template_error(values, tmp_path)
+    assert named in error, f"helm's refusal of {values} does not name {named}: {error}"
+
+
+def test_prometheus_rule_and_dashboard_are_the_deploy_files(tmp_path: Path) -> None:
+    """One copy: the chart reads deploy/prometheus's rules and deploy/grafana's
+    dashboard through links in its files/, so they cannot drift."""
+    import json
+
+    for mode in ({"mode": "pod"}, SIDECAR_ONLY):
+        objects = helm_template({**mode, "prometheusRule": {"enabled": True},
+                                 "dashboard": {"enabled": True}}, tmp_path)
+        rule = one(objects, "PrometheusRule")
+        assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+        dashboard = [o for o in objects if o["kind"] == "ConfigMap"
+                     and o["metadata"]["name"].endswith("-dashboard")]
+        (data,) = [d["data"]["kvtether-dashboard.json"] for d in dashboard]
+        assert json.loads(data) == json.loads(DASHBOARD.read_text())
+        assert dashboard[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    for link, target in (("kvtether-rules.yml", RULES), ("kvtether-dashboard.json", DASHBOARD)):
+        assert (CHART / "files" / link).resolve() == target.resolve(), (
+            f"the chart's files/{link} is not a link to {target.relative_to(ROOT)}")
+
+
+@pytest.mark.parametrize("mode", ["pod", "sidecar-only"])
+def test_servicemonitor_names_the_daemons_job_kvtether_as_the_alert_expects(
+        mode: str, tmp_path: Path) -> None:
+    """The ServiceMonitor's jobLabel gives the daemon's target job kvtether and vLLM's
+    job vllm: KvtetherDaemonDown takes a down target of job kvtether for a daemon, and
+    never vLLM's, down while its model loads."""
+    values = SIDECAR_ONLY if mode == "sidecar-only" else VALUE_SETS["optional-objects-on"]
+    objects = helm_template(values, tmp_path)
+    monitor = one(objects, "ServiceMonitor")
+    job_label = monitor["spec"]["jobLabel"]
+    jobs = {port["name"]: service["metadata"]["labels"][job_label]
+            for service in objects if service["kind"] == "Service"
+            for port in service["spec"]["ports"]}
+    scraped = {e["port"]: jobs[e["port"]] for e in monitor["spec"]["endpoints"]}
+    assert scraped == ({"metrics": "kvtether"} if mode == "sidecar-only"
+                       else {"metrics": "kvtether", "http": "vllm"}), scraped
+    alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"]
+              for r in g["rules"] if "alert" in r}
+    assert 'up{job="kvtether"}' in alerts["KvtetherDaemonDown"]["expr"]
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint.get("relabelings") == values["serviceMonitor"].get("relabelings")
+        assert endpoint.get("metricRelabelings") == values["serviceMonitor"].get(
+            "metricRelabelings")
+
+
+# --- the values that add kvtether to other charts' pods -----------------------------------
+
+def _sidecar_without_port_names(container: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar with its ports by number only: in other charts' pods they are
+    kvt-grpc and kvt-metrics, since llm-d's PodMonitor scrapes every port named
+    metrics as vLLM's."""
+    return {**container, "ports": sorted(p["containerPort"] for p in container["ports"])}
+
+
+def test_other_charts_values_carry_the_charts_own_sidecar_and_its_configmap(
+        tmp_path: Path) -> None:
+    daemon, engine = containers(render("defaults", tmp_path))
+    llm_d = yaml.safe_load((OTHER_CHARTS / "llm-d-modelservice.values.yaml").read_text())
+    patch = yaml.safe_load(
+        (OTHER_CHARTS / "production-stack" / "kvtether-sidecar.patch.yaml").read_text())
+    stack = yaml.safe_load((OTHER_CHARTS / "production-stack.values.yaml").read_text())
+    (llm_d_sidecar,) = llm_d["decode"]["initContainers"]
+    (stack_sidecar,) = patch["spec"]["template"]["spec"]["initContainers"]
+    for sidecar in (llm_d_sidecar, stack_sidecar):
+        assert _sidecar_without_port_names(sidecar) == _sidecar_without_port_names(daemon)
+        assert "metrics" not in {p["name"] for p in sidecar["ports"]}
+    # The ConfigMap they mount is the one the kvtether chart renders for them.
+    for kvtether_values, volumes in (
+            ("kvtether-for-llm-d.values.yaml", llm_d["decode"]["volumes"]),
+            ("kvtether-for-production-stack.values.yaml",
+             stack["servingEngineSpec"]["modelSpec"][0]["extraVolumes"])):
+        values = yaml.safe_load((OTHER_CHARTS / kvtether_values).read_text())
+        objects = helm_template(values, tmp_path, release="kvtether")
+        config_maps = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
+        mounted = {v["configMap"]["name"] for v in volumes if "configMap" in v}
+        assert mounted == {"kvtether-config"} and mounted <= config_maps, (kvtether_values,
+                                                                           config_maps)
+        assert prometheus_operator_errors(
+            [o for o in objects if o["kind"] in {"ServiceMonitor", "PrometheusRule"}]) == []
+    # vLLM's side: the plugin's flags and environment as the chart's own pod sets them.
+    flags = engine["args"][engine["args"].index("--scheduler-cls"):]
+    plugin_env = [e for e in engine["env"] if e["name"].startswith("KVTETHER_PLUGIN_")]
+    (llm_d_vllm,) = llm_d["decode"]["containers"]
+    stack_model = stack["servingEngineSpec"]["modelSpec"][0]
+    assert llm_d_vllm["args"] == flags and stack_model["vllmConfig"]["extraArgs"] == flags
+    assert llm_d_vllm["env"] == plugin_env and stack_model["env"] == plugin_env
 
 
 # --- the pod: sidecar, socket, secrets -------------------------------------------------------
@@ -335,9 +513,8 @@ def test_rendered_daemon_configuration_passes_the_cli_check(name: str, tmp_path:
     assert done.returncode == 0 and "configuration ok" in done.stdout, (
         f"{name}: the rendered daemon configuration fails --check: {done.stderr.strip()}")
     policy = load_config(config_file).policy
-    wanted = {"defaults": ("continuum", {"ttl_mode": "cdf", "min_samples": 5, "max_ttl_s": 30}),
-              "optional-objects-on": ("continuum", {"ttl_mode": "cdf", "min_samples": 5,
-                                                    "max_ttl_s": 30}),
+    wanted = {"defaults": ("continuum", {"ttl_mode": "fixed"}),
+              "optional-objects-on": ("continuum", {"ttl_mode": "fixed"}),
               "tls-and-tokens": ("adaptive", {"min_samples": 3})}[name]
     assert (policy.name, dict(policy.params)) == wanted, (
         f"{name}: the daemon runs {policy.name} {policy.params}, the values say {wanted}")
@@ -363,8 +540,13 @@ def test_tls_and_tokens_sidecar_serves_the_plugin_and_passes_its_probe(
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             assert step_code(channel, ENGINE_TOKEN) == grpc.StatusCode.OK
             assert step_code(channel, OPERATOR_TOKEN) == grpc.StatusCode.PERMISSION_DENIED
-            answer = inspect_pb2_grpc.InspectStub(channel).GetPolicy(
-                inspect_pb2.GetPolicyRequest(), timeout=5)
+            # Reading takes a token when tokens are on: the operators' here.
+            inspect = inspect_pb2_grpc.InspectStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                inspect.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            answer = inspect.GetPolicy(inspect_pb2.GetPolicyRequest(), timeout=5,
+                                       metadata=[("authorization", f"Bearer {OPERATOR_TOKEN}")])
         assert answer.name == "adaptive"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0, "SIGTERM did not stop the sidecar cleanly"

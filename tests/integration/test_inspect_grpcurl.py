@@ -376,7 +376,7 @@ def served() -> Iterator[DaemonProcess]:
         yield process
 
 
-def test_item9_explain_by_response_id(served: DaemonProcess) -> None:
+def test_explain_finds_a_request_by_the_id_the_openai_client_got(served: DaemonProcess) -> None:
     by_response = grpcurl(served, "Explain", {"request_id": RESPONSE_ID})
     assert by_response.get("found") is True, "the id the OpenAI client got finds nothing"
     assert by_response == grpcurl(served, "Explain", {"request_id": ENGINE_REQUEST_ID})
@@ -387,7 +387,7 @@ def test_item9_explain_by_response_id(served: DaemonProcess) -> None:
     assert grpcurl(served, "Explain", {"request_id": "chatcmpl-5b1f"}) == {}
 
 
-def test_item9_getjob_token_counts(served: DaemonProcess) -> None:
+def test_getjob_shows_each_turns_prompt_and_output_tokens(served: DaemonProcess) -> None:
     first, second = grpcurl(served, "GetJob", {"job_id": "job-served"})["turns"]
     assert (first["prompt_tokens"], first["output_tokens"]) == (120, 33)
     assert second["prompt_tokens"] == 250 and "output_tokens" not in second  # in flight
@@ -397,7 +397,7 @@ def test_item9_getjob_token_counts(served: DaemonProcess) -> None:
     assert turns[1][3:5] == ["120", "33"]
 
 
-def test_item9_retention_decision_kept(served: DaemonProcess) -> None:
+def test_explain_shows_a_requests_retention_decision_beside_its_pin(served: DaemonProcess) -> None:
     answer = grpcurl(served, "Explain", {"request_id": ENGINE_REQUEST_ID})
     assert answer["decision"]["kind"] == "pin"  # the latest, as before
     kinds = [d["kind"] for d in answer["decisions"]]

@@ -22,12 +22,12 @@ def _lags(on_time: int, late: int) -> pb.EngineCounters:
 
 
 def _late_answer_shares(metrics_port: int) -> dict[str, float]:
-    """kvtether_engine_late_answer_share by engine, as Prometheus would scrape it."""
+    """kvtether_engine_late_answer_ratio by engine, as Prometheus would scrape it."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                   timeout=5).read().decode()
-    return {sample.labels["engine"]: sample.value
+    return {sample.labels["engine_id"]: sample.value
             for family in text_string_to_metric_families(text)
-            if family.name == "kvtether_engine_late_answer_share"
+            if family.name == "kvtether_engine_late_answer_ratio"
             for sample in family.samples}
 
 

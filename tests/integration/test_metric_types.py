@@ -109,7 +109,7 @@ def test_a_scrape_reads_counters_histograms_standard_and_grpc_series() -> None:
     for name, kind in CUMULATIVE.items():
         assert families[name].type == kind, name
     families, ended = engine_series, families
-    engine_id = {"engine": "pod-a"}
+    engine_id = {"engine_id": "pod-a"}
     assert value(families, "kvtether_engine_fallback_steps_total", **engine_id) == 3
     assert value(families, "kvtether_engine_idle_waits_total", **engine_id) == 6
     assert value(families, "kvtether_engine_idle_waits_missed_total", **engine_id) == 2
@@ -118,7 +118,7 @@ def test_a_scrape_reads_counters_histograms_standard_and_grpc_series() -> None:
     assert value(families, "kvtether_engine_steps_total", **engine_id) == 6
     # Answers by lag [2, 6, 1, 0, 0, 0, 0, 3] as cumulative buckets, the last open.
     lags = "kvtether_engine_answer_lag_steps"
-    assert [value(families, f"{lags}_bucket", engine="pod-a", le=le)
+    assert [value(families, f"{lags}_bucket", engine_id="pod-a", le=le)
             for le in ("0.0", "1.0", "2.0", "6.0", "+Inf")] == [2, 8, 9, 9, 12]
     assert value(families, f"{lags}_count", **engine_id) == 12
 
@@ -158,7 +158,7 @@ def test_an_engine_that_restarts_reads_as_a_counter_reset() -> None:
                 fallback_steps=fallback_steps)], may_end))
             next(answers)
             read.append(value(scrape_all(daemon.metrics_port),
-                              "kvtether_engine_fallback_steps_total", engine="pod-a"))
+                              "kvtether_engine_fallback_steps_total", engine_id="pod-a"))
             may_end.set()
             assert list(answers) == []
     assert read == [40, 3]

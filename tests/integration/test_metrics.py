@@ -151,7 +151,7 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
 
     def engine_series(port: int) -> set[str]:
         return {name for _family, (_kind, samples) in scrape(port).items()
-                for (name, *labels) in samples if ("engine", "pod-a") in labels}
+                for (name, *labels) in samples if ("engine_id", "pod-a") in labels}
 
     works = reports(random.Random(3), 200)
     stream_may_end = threading.Event()
@@ -184,8 +184,9 @@ def test_an_engine_that_left_is_forgotten_with_its_series() -> None:
                                        "kvtether_engine_idle_waits_total",
                                        "kvtether_engine_idle_waits_missed_total",
                                        "kvtether_engine_kv_hint_actions_ignored_total",
+                                       "kvtether_engine_kv_hint_fields_refused_total",
                                        "kvtether_engine_finished_turns_cached",
-                                       "kvtether_engine_late_answer_share",
+                                       "kvtether_engine_late_answer_ratio",
                                        "kvtether_engine_prefill_time_ratio",
                                        "kvtether_engine_provisional_block_seconds_total"}
         after_leaving = engine_series(daemon.metrics_port)

@@ -3,6 +3,7 @@ process: pins, prefix hits, job-level order, pressure, daemon death, no leaked b
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 import uuid
@@ -55,6 +56,7 @@ class Engine:
                                      scheduler_cls=KvtetherScheduler,
                                      async_scheduling=async_scheduling)
         self.agent = self.sched.kvtether
+        self.clock_s: Callable[[], float] = time.time  # what requests arrive stamped with
         self._free_blocks = free_blocks
         if wait_connected:
             wait_until(lambda: self.agent.link.connected)
@@ -75,7 +77,12 @@ class Engine:
         if extra is not None and not last:
             extra["tool"] = "ls"
         self.sched.add_request(make_request(request_id, prompt, max_tokens, BLOCK,
-                                            arrival_time=time.time(), extra_args=extra))
+                                            arrival_time=self.clock_s(), extra_args=extra))
+
+    def use_clock(self, clock_s: Callable[[], float]) -> None:
+        """Run the engine on ``clock_s`` from now on, as the twin runs it on its own."""
+        self.agent.clock.replace(clock_s)
+        self.clock_s = clock_s
 
     def step(self) -> Any:
         from tests.support.scheduler import step
@@ -194,7 +201,7 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeE
         def exported() -> list[float]:
             """The histogram's buckets, back to answers per lag."""
             samples = scrape(daemon.metrics_port).get(name, ("", {}))[1]
-            cumulative = [samples.get((f"{name}_bucket", ("engine", engine_id), ("le", le)),
+            cumulative = [samples.get((f"{name}_bucket", ("engine_id", engine_id), ("le", le)),
                                       -1.0) for le in bounds]
             return [now - below for now, below in zip(cumulative, [0.0, *cumulative[:-1]],
                                                       strict=True)]
@@ -203,7 +210,7 @@ def test_the_daemon_exports_how_late_the_engines_decisions_landed(engines: MakeE
         waits = sent[-1].counters.idle_waits
         waits_name = "kvtether_engine_idle_waits"
         wait_until(lambda: scrape(daemon.metrics_port).get(waits_name, ("", {}))[1].get(
-            (f"{waits_name}_total", ("engine", engine_id))) == waits)
+            (f"{waits_name}_total", ("engine_id", engine_id))) == waits)
     assert len(reported) == 8
     # Applied at the next schedule() (lag 1) or, when the engine went idle, waited for
     # and applied in the same step (lag 0); the engine applied every answer it counted.
@@ -789,6 +796,97 @@ def test_daemon_killed_mid_run_fails_nothing_and_leaks_nothing(engines: MakeEngi
         assert engine.free() == engine.start_free
 
 
+class VirtualClock:
+    """The twin's kind of clock: seconds from 0, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@contextlib.contextmanager
+def paused(daemon: DaemonProcess) -> Iterator[None]:
+    """The daemon stopped (its connection open): no word comes, the engine's bounds
+    decide."""
+    daemon.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+
+
+def test_on_a_replaced_clock_pins_and_retention_durations_end_on_it(
+        engines: MakeEngine, continuum: DaemonProcess) -> None:
+    """The twin runs the engine on its own clock, from 0. Replaced, the clock reaches
+    the pin table and the block pool alike: a pin's local bound and a retention
+    priority's duration end when that clock passes them, not the machine's."""
+    from sidecar.api.v1 import engine_session_pb2 as pb
+
+    engine = engines(continuum, MAX_PIN_S="30", CLOSED_WAIT_S="0.2")
+    clock = VirtualClock()
+    engine.use_clock(clock)
+    retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
+    engine.add("held-t1", context(1), job="held", last=False)
+    engine.add("soft-t1", [3000 + i for i in range(6 * BLOCK)], job="soft", last=False)
+    engine.drain()
+    assert engine.agent.pins["held-t1"].confirmed and "soft-t1" in engine.agent.pins
+    soft = [block.block_id for block in engine.agent.pins["soft-t1"].blocks][:6]  # full ones
+    # A policy's soft retention: priority 90 for 600 s of the engine's clock.
+    engine.agent.decisions.apply([pb.StepDecision(seq=0, pins=[pb.PinDecision(
+        request_id="soft-t1", action=pb.PIN_ACTION_RELEASE, retention_priority=90,
+        retention_duration_s=600)])])
+    assert [retention.queued_priority(block_id) for block_id in soft] == [90] * 6
+
+    with paused(continuum):  # a confirmed pin: bounded by MAX_PIN_S from its pin
+        clock.now_s = 29.0
+        engine.step()
+        assert "held-t1" in engine.agent.pins
+        clock.now_s = 31.0
+        engine.step()
+        assert "held-t1" not in engine.agent.pins
+        assert engine.agent.counters.local_pin_expiries == 1
+
+    clock.now_s = 599.0
+    engine.add("probe-1", [5, 6, 7], job=None, last=True)
+    engine.drain()  # its allocation checks the pool's expiries
+    assert [retention.queued_priority(block_id) for block_id in soft] == [90] * 6
+    clock.now_s = 601.0
+    engine.add("probe-2", [8, 9, 10], job=None, last=True)
+    engine.drain()
+    assert all(retention.entry(block_id) is None for block_id in soft), (
+        "600 s of the engine's clock have passed: back to vLLM's priority")
+    assert engine.free() == engine.start_free
+
+
+def test_on_a_replaced_clock_a_cached_turn_ends_on_it(
+        engines: MakeEngine, adaptive_cached: DaemonProcess) -> None:
+    """A turn cached provisionally (adaptive with provisional_cache) waits for the
+    daemon's word for PROVISIONAL_PIN_S of the engine's clock, the one replaced."""
+    engine = engines(adaptive_cached, PROVISIONAL_PIN_S="2", CLOSED_WAIT_S="0.2")
+    clock = VirtualClock()
+    engine.use_clock(clock)
+    retention = engine.sched.kv_cache_manager.block_pool.kvtether_retention
+    engine.add("warm", [1, 2, 3], job="warmup", last=True)  # learn the policy's wish
+    engine.drain()
+    engine.add("t1", context(1), job="agent", last=False)
+    engine.step()  # admitted and answered: a turn the daemon never answered is held
+    with paused(adaptive_cached):
+        engine.drain()
+        assert "t1" in engine.agent.provisional.waiting, "cached, awaiting the word"
+        cached = [block.block_id for block in engine.agent.provisional.waiting["t1"].blocks]
+        clock.now_s = 1.9
+        engine.step()
+        assert "t1" in engine.agent.provisional.waiting
+        clock.now_s = 2.1
+        engine.step()
+        assert "t1" not in engine.agent.provisional.waiting, "the bound passed: no word"
+        assert all(retention.entry(block_id) is None for block_id in cached), (
+            "lowered to vLLM's priority")
+    assert not engine.agent.pins and engine.free() == engine.start_free
+
+
 def test_reset_prefix_cache_releases_pins_first(
         engines: MakeEngine, continuum: DaemonProcess) -> None:
     engine = engines(continuum)
@@ -836,7 +934,7 @@ def test_reports_carry_the_work_each_step_did_and_how_long_it_took(
     assert all(w.busy_s > 0.0 for w in work), "every step is timed"
 
 
-def test_item8_a_request_id_the_daemon_refuses_costs_the_engine_nothing(
+def test_a_request_id_the_daemon_refuses_costs_the_engine_nothing(
         engines: MakeEngine, continuum: DaemonProcess) -> None:
     # vLLM takes a client's own request_id (or X-Request-Id) of any length and content;
     # the daemon refuses a report naming one. Such a request is left to vLLM, while

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -114,7 +115,7 @@ def test_take_decisions_waits_at_most_the_deadline() -> None:
             link.close()
 
 
-def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_path: Path) -> None:
+def test_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_path: Path) -> None:
     token = "engine-token-0123456789"
     config = tmp_path / "kvtether.yaml"
     config.write_text(yaml.safe_dump({"auth": {"tokens": {token: "engines"},
@@ -144,7 +145,7 @@ def test_item6_the_plugin_link_sends_its_token_to_an_auth_enabled_daemon(tmp_pat
             anonymous.close()
 
 
-def test_item6_a_link_the_daemon_refuses_warns_once_and_backs_off(
+def test_a_link_the_daemon_refuses_warns_once_and_backs_off(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # An engine without the token it needs: every session is refused at once. The link
     # keeps trying (the token may be fixed, the daemon restarted) but at its backoff's
@@ -152,9 +153,10 @@ def test_item6_a_link_the_daemon_refuses_warns_once_and_backs_off(
     config = tmp_path / "kvtether.yaml"
     config.write_text(yaml.safe_dump({"auth": {"tokens": {"engine-token-0123456789": "engines"},
                                                "engine_scopes": ["engines"]}}))
+    drawn = DrawRecorder(3)
     with running_daemon("--config", str(config)) as daemon, \
             caplog.at_level(logging.WARNING, logger="kvtether.plugin"):
-        link = DaemonLink(daemon.address)
+        link = DaemonLink(daemon.address, rng=drawn)
         try:
             time.sleep(2.0)
             reconnects = link.reconnects
@@ -162,5 +164,22 @@ def test_item6_a_link_the_daemon_refuses_warns_once_and_backs_off(
             link.close()
     refusals = [r.getMessage() for r in caplog.records if "session ended" in r.getMessage()]
     assert len(refusals) == 1 and "UNAUTHENTICATED" in refusals[0]
-    # The backoff (0.05, 0.1, 0.25, 0.5, 1 s) allows about 5 tries in 2 s, not 40.
-    assert 1 <= reconnects <= 8
+    # Each wait is drawn from [0, step] of the backoff (0.05, 0.1, 0.25, 0.5, 1 s):
+    # about 7 tries in 2 s on average over sources, 16 or more about once in a
+    # million; not 40.
+    assert 1 <= reconnects <= 16
+    assert drawn.ranges[:5] == [(0.0, 0.05), (0.0, 0.1), (0.0, 0.25), (0.0, 0.5),
+                                (0.0, 1.0)][:len(drawn.ranges)]
+    assert all(high <= 1.0 for _, high in drawn.ranges)
+
+
+class DrawRecorder(random.Random):
+    """A seeded source that keeps the range of each wait the link draws."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.ranges: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.ranges.append((a, b))
+        return super().uniform(a, b)

@@ -21,7 +21,7 @@ PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 # The dashboard's variables as one deployment sets them: every model and engine of
 # job kvtether in namespace inference, read over 10 minutes.
 ONE_DEPLOYMENT = {"$vllm_job": "vllm", "$job": "kvtether", "$namespace": "inference",
-                  "$model_name": ".*", "$engine": ".*", "$__rate_interval": "10m",
+                  "$model_name": ".*", "$engine_id": ".*", "$__rate_interval": "10m",
                   "$__range": "10m"}
 # The panels whose shares the rule tests evaluate across a restart.
 SHARE_PANELS = ("Idle waits the daemon missed, by engine", "Fallback step share by engine")

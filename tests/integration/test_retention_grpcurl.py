@@ -43,8 +43,10 @@ def grpcurl(daemon: DaemonProcess, method: str, request: dict[str, Any],
     return 0, json.loads(done.stdout)
 
 
-def read_back(daemon: DaemonProcess) -> dict[str, Any]:
-    rc, answer = grpcurl(daemon, "GetDirectives", {"target": {"session_id": "s1"}})
+def read_back(daemon: DaemonProcess, token: str | None = None) -> dict[str, Any]:
+    """GetDirectives; a daemon with tokens answers reads to a token only."""
+    rc, answer = grpcurl(daemon, "GetDirectives", {"target": {"session_id": "s1"}},
+                         token=token)
     assert rc == 0 and isinstance(answer, dict)
     return answer
 
@@ -109,7 +111,9 @@ def test_with_auth_tokens_the_token_decides(auth_daemon: DaemonProcess) -> None:
     rc, answer = grpcurl(auth_daemon, "SetDirectives", {**DIRECTIVES, "scope": "llm-d"},
                          token=OWNER_TOKEN)
     assert rc == 0 and answer["owner_scope"] == "dynamo"  # the token's scope, not the claim
-    before = read_back(auth_daemon)
+    rc, error = grpcurl(auth_daemon, "GetDirectives", {"target": {"session_id": "s1"}})
+    assert rc != 0 and "Code: Unauthenticated" in error
+    before = read_back(auth_daemon, OTHER_TOKEN)
 
     rc, error = grpcurl(auth_daemon, "SetDirectives", {
         **DIRECTIVES, "scope": "dynamo",
@@ -125,7 +129,7 @@ def test_with_auth_tokens_the_token_decides(auth_daemon: DaemonProcess) -> None:
     rc, error = grpcurl(auth_daemon, "ClearDirectives", {"target": {"session_id": "s1"}},
                         token=OTHER_TOKEN)
     assert rc != 0 and "Code: PermissionDenied" in error
-    assert read_back(auth_daemon) == before
+    assert read_back(auth_daemon, OTHER_TOKEN) == before
 
     # Another scope's token may raise; the owner stays the owner.
     rc, answer = grpcurl(auth_daemon, "SetDirectives", {
@@ -145,7 +149,7 @@ def test_the_daemon_warns_when_scopes_are_not_authenticated() -> None:
     assert '"event": "retention_scopes_unauthenticated"' in logs
 
 
-def test_item9_clear_directives_error_says_how(open_daemon: DaemonProcess) -> None:
+def test_clear_directives_error_says_how(open_daemon: DaemonProcess) -> None:
     target = {"session_id": "s-item9"}
     config = DIRECTIVES["config"]
     # README's SetDirectives, bearer header and no scope, on a daemon without auth

@@ -6,7 +6,9 @@ A session's system prompt (priority 100) and context (80 for 45 s) survive a flo
 unrelated requests that cycles through every other block — whether the directives come
 with the request (vllm_xargs, as the OpenAI API delivers them: a JSON string) or are
 pushed for the session over gRPC — and its next turn hits the prefix cache; with no
-directive, the same flood evicts them.
+directive, the same flood evicts them. So does each KV hint form its publishers ship
+(Dynamo's lineage and block-range kv.retain, vLLM's kv.retain and vllm.set_priority):
+what it names survives the flood.
 """
 
 from __future__ import annotations
@@ -120,6 +122,66 @@ def test_directives_keep_a_sessions_context_through_a_flood(
     assert hits["none"] == 0, hits
 
 
+def add_hinted(engine: Engine, request_id: str, prompt: list[int], session_id: str,
+               *actions: tuple[str, str, dict[str, Any]]) -> None:
+    """A request carrying a KV hint envelope and a session id, as an orchestrator's
+    ``AsyncLLM.generate(..., session_id=..., kv_hints=...)`` hands it to the engine."""
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    from tests.support.scheduler import make_request
+
+    request = make_request(request_id, prompt, 4, BLOCK, arrival_time=time.time())
+    request.kv_hints = KvHintsEnvelope(protocol_version="0.1", message_id=request_id, actions=[
+        KvHintAction(action_id=f"a{index}", action_type=kind, action_version=version,
+                     payload=payload) for index, (kind, version, payload) in enumerate(actions)])
+    request.session_id = session_id
+    engine.sched.add_request(request)
+
+
+# The publishers' own payloads (tests/unit/test_kv_hints.py says where each is from).
+HINT_FORMS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "dynamo-lineage": ("kv.retain", "1.0", {
+        "priority": 3, "ttl_seconds": 45, "execute_at": "request_completion",
+        "include_current_request": True, "block_hashes": ["11", "12"]}),
+    "dynamo-block-range": ("kv.retain", "1.0", {
+        "priority": 3, "ttl_seconds": 45, "execute_at": "request_completion",
+        "include_current_request": False, "block_hashes": [],
+        "current_request_block_start": 0, "current_request_block_count": SYSTEM_TOKENS // BLOCK}),
+    "vllm-retain": ("kv.retain", "1.0", {"scope": "alice", "directives": [
+        {"start": 0, "end": SYSTEM_TOKENS, "priority": 80, "duration": 60.0},
+        {"start": SYSTEM_TOKENS, "end": None, "priority": 40}]}),
+    "vllm-set-priority": ("vllm.set_priority", "1.0", {
+        "target": "request_cached", "location": "local_g1", "claim_id": "router/session-1",
+        "revision": 1, "value": 10, "ttl_seconds": 60}),
+}
+
+
+def test_the_publishers_hint_forms_keep_what_they_name_through_a_flood(
+        engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
+    hits, refused = {}, {}
+    for seed, (name, form) in enumerate(HINT_FORMS.items(), start=20):
+        engine = engines(fcfs, num_blocks=40)
+        warm(engine)
+        session = f"sess-{name}"
+        add_hinted(engine, f"{session}-t1", conversation(seed, TURN_TOKENS), session, form)
+        engine.drain()
+        flood(engine)
+        add(engine, f"{session}-t2", conversation(seed, TURN_TOKENS + 2 * BLOCK), job_id=session)
+        engine.drain()
+        hits[name] = engine.cached_tokens[f"{session}-t2"]
+        refused[name] = engine.agent.counters.kv_hint_fields_refused
+        assert engine.agent.counters.kv_hint_actions_ignored == 0, name
+        assert engine.free() == engine.start_free, name
+    # The whole first turn, but for its last partial block...
+    for name in ("dynamo-lineage", "vllm-retain", "vllm-set-priority"):
+        assert hits[name] >= TURN_TOKENS - BLOCK, hits
+    # ...or only the blocks Dynamo's range names: the system prompt's four.
+    assert SYSTEM_TOKENS <= hits["dynamo-block-range"] < TURN_TOKENS - BLOCK, hits
+    # The lineage's block hashes are refused, counted once for the request.
+    assert refused == {"dynamo-lineage": 1, "dynamo-block-range": 0, "vllm-retain": 0,
+                       "vllm-set-priority": 0}, refused
+
+
 def test_a_flood_that_needs_every_block_evicts_the_lower_priority_first(
         engines: Callable[..., Engine], fcfs: DaemonProcess) -> None:
     engine = engines(fcfs, num_blocks=40)
@@ -201,9 +263,12 @@ def test_a_preempted_requests_blocks_keep_its_priorities(
         resumed = [new.num_computed_tokens for new in output.scheduled_new_reqs
                    if new.req_id == "newer" and seen_preemption]
         cached = output.scheduled_cached_reqs
+        # vLLM 0.34 re-sends a resumed request in full, among the new ones (above), and
+        # its cached requests have no resumed_req_ids.
+        resumed_ids = getattr(cached, "resumed_req_ids", None) or ()
         resumed += [tokens for request_id, tokens in zip(cached.req_ids,
                                                          cached.num_computed_tokens, strict=False)
-                    if request_id == "newer" and request_id in (cached.resumed_req_ids or ())]
+                    if request_id == "newer" and request_id in resumed_ids]
         if resumed:
             resumed_hit = resumed[0]
     assert seen_preemption, "the load should preempt the newer request"

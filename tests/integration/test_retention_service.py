@@ -161,7 +161,8 @@ async def test_with_auth_the_token_decides_the_scope(
             pb.ClearDirectivesRequest(target=SESSION, scope="owner"),
             metadata=bearer(OTHER_TOKEN))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION),
+                                             metadata=bearer(OTHER_TOKEN))
     assert read.owner_scope == "owner" and read.config.token_ranges[0].priority == 90
     cleared = await authenticated.ClearDirectives(
         pb.ClearDirectivesRequest(target=SESSION), metadata=bearer(OWNER_TOKEN))
@@ -188,12 +189,17 @@ async def test_with_auth_mutations_need_a_valid_token(
             await call
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert OWNER_TOKEN not in refused.value.details()
-    # Reads need no token, and nothing changed.
-    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION))
+    # Reading takes a token too (any configured scope's here), and nothing changed.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION),
+                                          metadata=metadata)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    read = await authenticated.GetDirectives(pb.GetDirectivesRequest(target=SESSION),
+                                             metadata=bearer(OTHER_TOKEN))
     assert read.owner_scope == "owner" and read.config == ranges((0, None, 80))
 
 
-async def test_item4_announcements_of_many_jobs_leave_memory_bounded() -> None:
+async def test_announcements_of_many_jobs_leave_memory_bounded() -> None:
     """An orchestrator (or anyone) announcing tool calls for ever new job ids: what
     the daemon keeps of them stays within its job bound, not one entry per call."""
     import gc

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,10 @@ import yaml
 from markdown_it import MarkdownIt
 
 import vllm_plugin
+from sidecar.api.v1 import engine_session_pb2 as pb
+from sidecar.api.v1 import engine_session_pb2_grpc
+from tests.integration.test_metrics import scrape
+from tests.support.daemon import running_daemon
 from tests.support.k8s_tools import ROOT, helm_template
 
 DOC = ROOT / "docs" / "routing.md"
@@ -143,3 +149,86 @@ def test_client_example_sends_the_job_id_as_the_session_header() -> None:
     job = re.search(r'"job_id":\s*"([^"]+)"', example)
     assert header and job and header[1] == job[1], (
         "the client example must name the job the same way in the header and vllm_xargs")
+
+
+def _pin_two_jobs_one_comes_back(stub: engine_session_pb2_grpc.EngineSessionStub,
+                                 round_number: int, seq: int) -> int:
+    """One engine's round: two jobs' turns finish and are pinned; one job's next turn
+    comes back while its pin holds, the other's pin is released first. Returns the
+    next sequence number."""
+    kv = pb.KvCapacity(total_blocks=100, free_blocks=50, block_size_tokens=16)
+    back, away = f"back-{round_number}", f"away-{round_number}"
+    now_s = 10.0 * round_number
+
+    def step(**fields: object) -> None:
+        nonlocal seq, now_s
+        seq, now_s = seq + 1, now_s + 1.0
+        stub.Step(pb.StepReport(engine_id="pod-a", seq=seq, snapshot=seq == 1, now_s=now_s,
+                                kv=kv, **fields))  # type: ignore[arg-type]
+
+    step(new_requests=[pb.NewRequest(request_id=f"{job}-0", job_id=job, arrival_s=now_s)
+                       for job in (back, away)])
+    step(events=[pb.RequestEvent(request_id=f"{job}-0", kind=pb.EVENT_KIND_ADMITTED,
+                                 at_s=now_s) for job in (back, away)])
+    step(events=[pb.RequestEvent(request_id=f"{job}-0", kind=pb.EVENT_KIND_FINISHED,
+                                 at_s=now_s, tool="ls", blocks=4,
+                                 finish_reason=pb.FINISH_REASON_STOP)
+                 for job in (back, away)])
+    # The returning job's next turn arrives while its pin holds; the other job's pin
+    # is released (expired on the engine) before its next turn.
+    step(new_requests=[pb.NewRequest(request_id=f"{back}-1", job_id=back, arrival_s=now_s)],
+         released_pins=[f"{away}-0"])
+    step(released_pins=[f"{back}-0"])
+    return seq
+
+
+def _as_scraped(families: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+    """Samples of ``names`` in promtool's series notation, with the labels Prometheus'
+    Kubernetes scrape adds to a daemon target."""
+    target = {"job": "kvtether", "namespace": "inference", "instance": "10.0.0.1:9400"}
+    series = {}
+    for name in names:
+        for (sample, *labels), value in families[name][1].items():
+            pairs = sorted({**target, **dict(labels)}.items())
+            series[sample + "{" + ", ".join(f'{k}="{v}"' for k, v in pairs) + "}"] = value
+    return series
+
+
+def test_the_unreturned_pin_query_returns_each_engines_share_from_a_live_daemon(
+        tmp_path: Path) -> None:
+    """The page's PromQL, evaluated by promtool on what a real daemon exported at two
+    scrapes a minute apart: one engine, whose daemon ended 4 pins between them, 2 of
+    them released before their job came back (the share 0.5)."""
+    (query,) = code_blocks("promql")
+    with running_daemon("--policy", "continuum") as daemon:
+        stub = engine_session_pb2_grpc.EngineSessionStub(daemon.channel())
+        seq = _pin_two_jobs_one_comes_back(stub, 1, 0)
+        names = ("kvtether_pins_unreturned", "kvtether_pins_ended")
+        first = _as_scraped(scrape(daemon.metrics_port), names)
+        seq = _pin_two_jobs_one_comes_back(stub, 2, seq)
+        _pin_two_jobs_one_comes_back(stub, 3, seq)
+        second = _as_scraped(scrape(daemon.metrics_port), names)
+    assert sorted(first) == sorted(second), (first, second)
+    assert second['kvtether_pins_unreturned_total{engine_id="pod-a", instance="10.0.0.1:9400",'
+                  ' job="kvtether", namespace="inference"}'] == 3.0, second
+    rule_test = {
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": f"{first[name]} {second[name]}"}
+                             for name in sorted(first)],
+            "promql_expr_test": [{
+                "expr": query.strip(),
+                "eval_time": "1m",
+                "exp_samples": [{"labels": '{engine_id="pod-a", instance="10.0.0.1:9400", '
+                                           'job="kvtether", namespace="inference"}',
+                                 "value": 0.5}],
+            }],
+        }],
+    }
+    (tmp_path / "query.test.yml").write_text(yaml.safe_dump(rule_test, sort_keys=False))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: scripts/dev.sh test installs Debian's prometheus"
+    done = subprocess.run([promtool, "test", "rules", "query.test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"{query}\n{done.stdout}{done.stderr}"

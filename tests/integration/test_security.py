@@ -244,7 +244,7 @@ def engine_call_code(channel: grpc.Channel, method: str, token: str | None) -> g
         return error.code()  # type: ignore[no-any-return]
 
 
-def test_item6_engine_session_needs_a_token_of_an_engine_scope(tmp_path: Path) -> None:
+def test_engine_session_needs_a_token_of_an_engine_scope(tmp_path: Path) -> None:
     with daemon_with(tmp_path, ENGINE_AUTH) as daemon, daemon.channel() as channel:
         for method in ("Session", "Step"):
             assert engine_call_code(channel, method, None) == grpc.StatusCode.UNAUTHENTICATED
@@ -261,7 +261,7 @@ def test_item6_engine_session_needs_a_token_of_an_engine_scope(tmp_path: Path) -
             "scope 'dynamo' may not report engine steps: auth.engine_scopes lists ['engines']")
 
 
-def test_item6_an_engine_scope_without_a_token_stops_the_daemon(tmp_path: Path) -> None:
+def test_an_engine_scope_without_a_token_stops_the_daemon(tmp_path: Path) -> None:
     from tests.support.daemon import serve_command
 
     config = tmp_path / "bad.yaml"
@@ -294,7 +294,7 @@ def retention_reads_over_connections(address: str, connections: int, calls_each:
     return codes
 
 
-def test_item7_anonymous_rate_limit_holds_across_connections(tmp_path: Path) -> None:
+def test_anonymous_rate_limit_holds_across_connections(tmp_path: Path) -> None:
     rate_per_s, burst = 5, 10
     with daemon_with(tmp_path, {"limits": {"retention_calls_per_s": rate_per_s,
                                            "retention_burst": burst}}) as daemon:
@@ -307,7 +307,7 @@ def test_item7_anonymous_rate_limit_holds_across_connections(tmp_path: Path) -> 
     assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] == 500 - accepted
 
 
-def test_item7_bad_tokens_are_limited_by_address_before_the_service_runs(
+def test_bad_tokens_are_limited_by_address_before_the_service_runs(
         tmp_path: Path) -> None:
     rate_per_s, burst = 5, 10
     settings = {**ENGINE_AUTH, "limits": {"retention_calls_per_s": rate_per_s,

@@ -217,7 +217,7 @@ async def test_more_callers_than_connections_wait_on_a_cluster(clean_redis_clust
         await store.close()
 
 
-async def test_item9_redis_cluster_without_persistence_warns(clean_redis_cluster: str) -> None:
+async def test_redis_cluster_without_persistence_warns(clean_redis_cluster: str) -> None:
     # The test cluster's masters keep everything in memory: one warning names them all.
     with capture_logs() as logs:
         store = await RedisStore.connect(clean_redis_cluster)

@@ -65,7 +65,7 @@ async def _connect_logs(url: str) -> list[dict[str, object]]:
     (("--appendonly", "yes"), False),
     (("--save", "3600 1"), False),
 ])
-async def test_item9_redis_without_persistence_warns(persistence: tuple[str, ...],
+async def test_redis_without_persistence_warns(persistence: tuple[str, ...],
                                                      warned: bool) -> None:
     with redis_binary(extra_args=persistence) as (url, _process):
         logs = await _connect_logs(url)
@@ -78,7 +78,7 @@ async def test_item9_redis_without_persistence_warns(persistence: tuple[str, ...
     assert "restart" in str(warning["risk"]) and "appendonly yes" in str(warning["fix"])
 
 
-async def test_item9_redis_refusing_config_is_one_info_line() -> None:
+async def test_redis_refusing_config_is_one_info_line() -> None:
     # Managed services refuse CONFIG: the daemon cannot tell, says so once, and serves.
     with redis_binary(extra_args=("--rename-command", "CONFIG", "")) as (url, _process):
         logs = await _connect_logs(url)

@@ -34,13 +34,16 @@ class AgentJob:
             {"role": "user", "content": f"task {seed}: make the failing test pass. " * 12},
         ]
 
-    def turn(self, last: bool, tool: str = "ls", max_tokens: int = 16) -> Any:
-        """Send the next turn; return the OpenAI response (usage has cached tokens)."""
+    def turn(self, last: bool, tool: str = "ls", max_tokens: int = 16,
+             priority: int = 0) -> Any:
+        """Send the next turn (at the client ``priority``, vLLM's request field: lower
+        is served first); return the OpenAI response (usage has cached tokens)."""
         answer = self.api.chat.completions.create(
             model=self.model,
             messages=self.messages,
             max_tokens=max_tokens,
-            extra_body={**job_xargs(self.job_id, last, tool), "ignore_eos": True},
+            extra_body={**job_xargs(self.job_id, last, tool), "ignore_eos": True,
+                        "priority": priority},
         )
         self.messages.append(
             {"role": "assistant", "content": answer.choices[0].message.content or ""})

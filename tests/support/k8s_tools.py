@@ -1,7 +1,7 @@
 """The Kubernetes tools the deployment tests run: Helm and kubectl (installed into the
 test environment's bin/ by scripts/install_k8s_tools.sh, which scripts/dev.sh test
-runs), kubernetes-validate for the API schemas, and the ServiceMonitor CRD's schema
-through Node."""
+runs), kubernetes-validate for the API schemas, and the Prometheus Operator CRDs'
+schemas (ServiceMonitor, PrometheusRule) through Node."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ NODE_MODULES = Path(sys.prefix) / "lib" / "k8s-node" / "node_modules"
 INSTALL_HINT = ("scripts/dev.sh test installs it (scripts/install_k8s_tools.sh "
                 f"{sys.prefix})")
 # Kinds kubernetes-validate has schemas for; a CRD's objects are validated apart.
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def tool(name: str) -> str:
@@ -95,14 +95,16 @@ def schema_errors(objects: Iterable[dict[str, Any]], version: str) -> list[str]:
     return errors
 
 
-def servicemonitor_errors(objects: list[dict[str, Any]]) -> list[str]:
-    """ServiceMonitors that do not match the Prometheus Operator CRD's schema."""
+def prometheus_operator_errors(objects: list[dict[str, Any]]) -> list[str]:
+    """ServiceMonitors and PrometheusRules that do not match the Prometheus Operator
+    CRDs' schemas."""
     if not NODE_MODULES.is_dir():
-        pytest.fail(f"the ServiceMonitor CRD schema is not installed: {INSTALL_HINT}")
-    done = run([tool("node"), str(ROOT / "tests" / "support" / "validate_servicemonitor.mjs"),
+        pytest.fail(f"the Prometheus Operator CRD schemas are not installed: {INSTALL_HINT}")
+    done = run([tool("node"),
+                str(ROOT / "tests" / "support" / "validate_prometheus_operator.mjs"),
                 str(NODE_MODULES)], stdin=json.dumps(objects))
-    assert done.returncode == 0, f"the ServiceMonitor validator failed: {done.stderr.strip()}"
+    assert done.returncode == 0, f"the CRD validator failed: {done.stderr.strip()}"
     verdicts = done.stdout.splitlines()
     assert len(verdicts) == len(objects), done.stdout
-    return [f"ServiceMonitor {o['metadata']['name']}: {v}"
+    return [f"{o['kind']} {o['metadata']['name']}: {v}"
             for o, v in zip(objects, verdicts, strict=True) if v != "ok"]

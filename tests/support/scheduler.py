@@ -26,10 +26,20 @@ def build_scheduler(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 4096,
     policy: str = "priority",
+    kv_connector: str | None = None,
 ) -> Any:
-    """A real vLLM scheduler with prefix caching on and ``num_blocks`` KV blocks."""
+    """A real vLLM scheduler with prefix caching on and ``num_blocks`` KV blocks;
+    with ``kv_connector`` (``"NixlConnector"``), that connector's scheduler side, both
+    roles, as one instance of a P/D pair sees it (no transfer happens: the caller
+    says when one finishes, as vLLM's own P/D lifecycle tests do)."""
     import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -49,8 +59,11 @@ def build_scheduler(
         policy=policy,
         async_scheduling=async_scheduling,
     )
+    kv_transfer_config = (KVTransferConfig(kv_connector=kv_connector, kv_role="kv_both")
+                          if kv_connector else None)
     vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config,
-                             scheduler_config=scheduler_config)
+                             scheduler_config=scheduler_config,
+                             kv_transfer_config=kv_transfer_config)
     # The platform hook may rewrite these (the CPU platform turns async off).
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     vllm_config.scheduler_config.async_scheduling = async_scheduling
@@ -87,8 +100,11 @@ def make_request(
     arrival_time: float | None = None,
     extra_args: dict[str, Any] | None = None,
     priority: int = 0,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> Any:
-    """A vLLM ``Request`` with block hashing on (so prefix caching applies)."""
+    """A vLLM ``Request`` with block hashing on (so prefix caching applies);
+    ``kv_transfer_params`` as a P/D proxy sends them (``{"do_remote_decode": True}``:
+    this engine prefills and the KV connector sends the KV on)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -98,7 +114,7 @@ def make_request(
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
-    return Request(
+    request = Request(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True,
@@ -108,6 +124,9 @@ def make_request(
         priority=priority,
         block_hasher=get_request_block_hasher(block_size, sha256),
     )
+    if kv_transfer_params is not None:
+        request.kv_transfer_params = kv_transfer_params
+    return request
 
 
 def model_output(scheduler: Any, scheduler_output: Any, token_id: int = 7) -> Any:
@@ -115,14 +134,18 @@ def model_output(scheduler: Any, scheduler_output: Any, token_id: int = 7) -> An
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
+    fields: dict[str, Any] = {}
+    # vLLM 0.34 dropped req_id_to_index (the order of req_ids is the index).
+    if "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {}):
+        fields["req_id_to_index"] = {request_id: index for index, request_id in enumerate(ids)}
     return ModelRunnerOutput(
         req_ids=ids,
-        req_id_to_index={request_id: index for index, request_id in enumerate(ids)},
         sampled_token_ids=[[] if scheduler.requests[r].is_prefill_chunk else [token_id]
                            for r in ids],
         logprobs=None,
         prompt_logprobs_dict={},
         pooler_output=[],
+        **fields,
     )
 
 

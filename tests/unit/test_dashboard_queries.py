@@ -16,7 +16,7 @@ SELECTOR = re.compile(r"\b(kvtether_\w+|grpc_server_\w+|process_\w+|vllm:[\w:]+)
 CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 # The functions that read a counter across resets.
 RESET_AWARE = ("rate(", "increase(", "irate(")
-# Series that describe the daemon as a whole, not one engine: no engine label.
+# Series that describe the daemon as a whole, not one engine: no engine_id label.
 NOT_PER_ENGINE = ("kvtether_engine_sessions",)
 
 
@@ -55,7 +55,7 @@ def test_no_delta_or_deriv_and_counters_only_through_rate_or_increase() -> None:
 
 def test_every_query_is_scoped_by_job_namespace_model_and_engine() -> None:
     defined = variables()
-    for name in ("job", "namespace", "model_name", "engine", "vllm_job"):
+    for name in ("job", "namespace", "model_name", "engine_id", "vllm_job"):
         assert defined[name]["includeAll"] and defined[name]["allValue"] == ".*", name
     for title, expr in queries():
         selectors = list(SELECTOR.finditer(expr))
@@ -65,7 +65,7 @@ def test_every_query_is_scoped_by_job_namespace_model_and_engine() -> None:
             job = "$vllm_job" if name.startswith("vllm:") else "$job"
             wanted = [f'job=~"{job}"', 'namespace=~"$namespace"', "$model_name"]
             if per_engine(name):
-                wanted.append('engine=~"$engine"')
+                wanted.append('engine_id=~"$engine_id"')
             missing = [matcher for matcher in wanted if matcher not in matchers]
             assert not missing, f"panel {title!r}: {name} lacks {missing}: {expr}"
 
@@ -75,4 +75,4 @@ def test_the_variables_are_read_from_the_series_they_filter() -> None:
     assert "kvtether_build_info" in defined["job"]["definition"]
     assert '$job' in defined["namespace"]["definition"]
     assert "model_name" in defined["model_name"]["definition"]
-    assert "engine)" in defined["engine"]["definition"]
+    assert "engine_id)" in defined["engine_id"]["definition"]

@@ -55,7 +55,7 @@ def test_watchers_get_every_decision_and_the_oldest_requests_are_forgotten() -> 
     assert records[0].inputs["tool"] == "pytest"
 
 
-def test_item9_retention_decision_kept() -> None:
+def test_a_requests_retention_decision_is_kept_after_its_pin() -> None:
     # A request's retention is still explained after its pin, and its job lists both.
     log = DecisionLog()
     log.add(_decision("r1", "j1", "retention", {"scope": ""}, seq=1))
@@ -68,7 +68,7 @@ def test_item9_retention_decision_kept() -> None:
     assert [r.kind for r in log.for_job("j1", limit=2)] == ["pin", "priority"]
 
 
-def test_item9_explain_by_response_id() -> None:
+def test_explain_finds_a_request_by_the_id_the_openai_client_got() -> None:
     # The OpenAI client's id finds the request vLLM scheduled under it plus a suffix.
     log = DecisionLog(max_requests=3)
     log.add(_decision("chatcmpl-7a-1b2c3d4e", "j", "pin"))
@@ -85,7 +85,7 @@ def test_item9_explain_by_response_id() -> None:
 
 
 @requires_vllm
-def test_item9_response_ids_follow_the_installed_vllm() -> None:
+def test_response_ids_follow_the_installed_vllm() -> None:
     """vLLM's own id assignment, for a request and for the children of one with n > 1."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor

@@ -21,7 +21,7 @@ def exposed(collector: EngineCounterCollector) -> dict[tuple[str, str], tuple[st
     text = generate_latest(registry).decode()
     return {(sample.name, sample.labels.get("le", "")): (family.type, sample.value)
             for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.labels.get("engine") == "pod-a"}
+            if sample.labels.get("engine_id") == "pod-a"}
 
 
 def test_the_last_lag_bucket_is_open_and_bounds_are_written_as_floats() -> None:

@@ -44,7 +44,7 @@ def registry(clock: Clock) -> tuple[EngineRegistry, AdaptivePolicy]:
 def engine_series(engine_id: str) -> set[str]:
     """The names of the daemon's metric series labelled with this engine."""
     return {sample.name for family in REGISTRY.collect() for sample in family.samples
-            if sample.labels.get("engine") == engine_id}
+            if sample.labels.get("engine_id") == engine_id}
 
 
 SESSION_SERIES = {"kvtether_engine_fallback_steps_total",
@@ -52,8 +52,9 @@ SESSION_SERIES = {"kvtether_engine_fallback_steps_total",
                   "kvtether_engine_answer_lag_steps_count",
                   "kvtether_engine_idle_waits_total", "kvtether_engine_idle_waits_missed_total",
                   "kvtether_engine_kv_hint_actions_ignored_total",
+                  "kvtether_engine_kv_hint_fields_refused_total",
                   "kvtether_engine_finished_turns_cached",
-                  "kvtether_engine_late_answer_share",
+                  "kvtether_engine_late_answer_ratio",
                   "kvtether_engine_prefill_time_ratio",
                   "kvtether_engine_provisional_block_seconds_total"}
 LEARNED_SERIES = {"kvtether_engine_prefill_seconds_per_token", "kvtether_engine_step_seconds",
@@ -177,7 +178,7 @@ def bounded_registry(clock: Clock, max_jobs: int) -> tuple[EngineRegistry, JobTr
     return engines, tracker
 
 
-def test_item5_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> None:
+def test_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> None:
     """Bound 200; five engines with 150 live requests each disconnect (their pods were
     replaced): once they are gone, the daemon holds at most the bound, not 950 jobs
     whose requests it can never see finish."""
@@ -198,7 +199,7 @@ def test_item5_jobs_of_departed_engines_do_not_outgrow_max_jobs_tracked() -> Non
         assert view is None or view.requests_in_flight == 0
 
 
-def test_item5_a_reconnect_within_the_forget_window_counts_each_turn_once() -> None:
+def test_a_reconnect_within_the_forget_window_counts_each_turn_once() -> None:
     """The engine resends its live requests in the reconnect's snapshot: they are in
     flight again, and a request that finishes afterwards is one turn, with the tool
     time of its job measured once."""

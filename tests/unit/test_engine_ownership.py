@@ -18,7 +18,7 @@ def report(seq: int, snapshot: bool = False, *requests: str) -> pb.StepReport:
                                        for r in requests])
 
 
-def test_item6_a_replaced_stream_changes_nothing_and_learns_why() -> None:
+def test_a_replaced_stream_changes_nothing_and_learns_why() -> None:
     engines, _policy = registry(Clock())
     older, newer = EngineStream(), EngineStream()
     engines.handle(report(1, True, "old"), older)
@@ -34,7 +34,7 @@ def test_item6_a_replaced_stream_changes_nothing_and_learns_why() -> None:
     assert not engines.handle(report(2, False, "next"), newer).resync_requested
 
 
-def test_item6_a_delta_from_a_stream_without_the_snapshot_asks_for_one() -> None:
+def test_a_delta_from_a_stream_without_the_snapshot_asks_for_one() -> None:
     engines, _policy = registry(Clock())
     owner, stranger = EngineStream(), EngineStream()
     engines.handle(report(1, True, "a"), owner)
@@ -43,7 +43,7 @@ def test_item6_a_delta_from_a_stream_without_the_snapshot_asks_for_one() -> None
     assert not engines.handle(report(2, False, "c"), owner).resync_requested
 
 
-def test_item6_a_unary_step_cannot_change_an_owned_engine() -> None:
+def test_a_unary_step_cannot_change_an_owned_engine() -> None:
     engines, _policy = registry(Clock())
     owner = EngineStream()
     engines.handle(report(1, True, "a"), owner)

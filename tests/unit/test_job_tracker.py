@@ -183,6 +183,18 @@ def test_only_busy_jobs_may_exceed_the_bound() -> None:
         assert view is not None and view.requests_in_flight == 1
 
 
+def test_a_job_leaving_flight_is_forgotten_after_the_jobs_idle_before_it() -> None:
+    tracker = JobTracker(max_jobs=3)
+    tracker.on_arrival("long", "l1", 0.0)  # in flight while another job comes and goes
+    tracker.on_arrival("a", "a1", 1.0)
+    tracker.on_finish("a", "a1", 1.5, None)
+    tracker.on_finish("long", "l1", 2.0, None)  # idle now, after a
+    tracker.on_arrival("b", "b1", 3.0)
+    tracker.on_arrival("c", "c1", 4.0)
+    assert "a" not in tracker
+    assert "long" in tracker and "b" in tracker and "c" in tracker
+
+
 def test_max_jobs_is_validated() -> None:
     with pytest.raises(ValueError, match="max_jobs"):
         JobTracker(max_jobs=0)
@@ -218,7 +230,7 @@ def test_unreadable_events_are_skipped(raw: bytes) -> None:
     assert JobEvent.from_json(raw) is None
 
 
-def test_item9_getjob_token_counts_of_older_events() -> None:
+def test_job_events_written_before_token_counts_still_read() -> None:
     # Events written before token counts were recorded still read, without them.
     old = b'{"v":1,"kind":"finish","job_id":"a","request_id":"r1","at_s":2.0,"tool":"ls"}'
     assert JobEvent.from_json(old) == JobEvent("finish", "a", "r1", 2.0, tool="ls")
@@ -244,7 +256,7 @@ def _ids(pairs: list[tuple[str, int]]) -> list[str]:
     return [job_id for job_id, _active in pairs]
 
 
-def test_item9_listjobs_order_is_activity_not_eviction() -> None:
+def test_listjobs_order_is_activity_not_eviction() -> None:
     tracker = JobTracker()
     tracker.on_arrival("agent", "a1", 0.0)
     tracker.on_finish("agent", "a1", 1.0, None, is_last_step=True)  # forgotten first...
@@ -258,7 +270,7 @@ def test_item9_listjobs_order_is_activity_not_eviction() -> None:
     assert _ids(tracker.recent_jobs(1)) == ["agent"]
 
 
-def test_item9_listjobs_pages_list_each_job_once_while_jobs_move() -> None:
+def test_listjobs_pages_list_each_job_once_while_jobs_move() -> None:
     tracker = JobTracker()
     for index in range(6):
         tracker.on_arrival(f"j{index}", f"r{index}", float(index))
@@ -270,7 +282,7 @@ def test_item9_listjobs_pages_list_each_job_once_while_jobs_move() -> None:
     assert _ids(second) + _ids(third) == ["j3", "j2", "j0"]
 
 
-def test_item9_listjobs_forgets_evicted_jobs_in_every_order() -> None:
+def test_listjobs_forgets_evicted_jobs_in_every_order() -> None:
     tracker = JobTracker(max_jobs=2)
     for index in range(4):
         tracker.on_arrival(f"j{index}", f"r{index}", float(index))

@@ -1,6 +1,9 @@
 """KV hint envelopes (vLLM's Request.kv_hints) read into job, last step, tool and
-retention; unknown actions counted, malformed ones counted and named; and the plugin's
-request metadata taking them after vllm_xargs and before session_id."""
+retention, in kvtether's forms and in those their publishers ship (NVIDIA Dynamo's
+kv.retain / kv.evict, vLLM's kv.retain and vllm.set_priority, on the payloads their
+sources show); unknown actions counted, malformed ones counted and named, refused
+fields counted apart; and the plugin's request metadata taking them after vllm_xargs
+and before session_id."""
 
 from __future__ import annotations
 
@@ -10,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from sidecar.api.kv_hints import DYNAMO_RETAIN_PRIORITY, read_kv_hints
+from sidecar.api.kv_hints import (
+    DYNAMO_RETAIN_PRIORITY,
+    LINEAGE_REFUSED,
+    from_vllm_claim_value,
+    from_vllm_retain_priority,
+    read_kv_hints,
+)
+from vllm_plugin import metadata
 from vllm_plugin.metadata import read_metadata
 from vllm_plugin.reports import _retention_config
 
@@ -33,6 +43,37 @@ DYNAMO_RETAIN = {"block_hashes": [], "execute_at": "request_completion",
                  "include_current_request": True, "priority": 10, "ttl_seconds": 300}
 DYNAMO_EVICT = {"block_hashes": [], "execute_at": "request_completion",
                 "include_current_request": True}
+# What Dynamo's KV-hint policy example emits (ai-dynamo/dynamo
+# examples/router/kv-hint-policy-example/src/lib.rs, SessionKvHintPolicy::hint and its
+# tests spawn_retention_emits_priority_and_ttl / final_session_emits_deferred_eviction):
+# the session lineage's block hashes as decimal strings, next to the current request.
+DYNAMO_LINEAGE_RETAIN = {"priority": 3, "ttl_seconds": 2.5, "execute_at": "request_completion",
+                         "include_current_request": True, "block_hashes": ["11", "12"]}
+DYNAMO_LINEAGE_EVICT = {"execute_at": "request_completion", "include_current_request": True,
+                        "block_hashes": ["11", "18446744073709551615"]}
+# The same policy with the request's retention block range set (evaluate(): block_hashes
+# empty and include_current_request false when the range is given).
+DYNAMO_BLOCK_RANGE_RETAIN = {"priority": 3, "ttl_seconds": 2.5,
+                             "execute_at": "request_completion",
+                             "include_current_request": False, "block_hashes": [],
+                             "current_request_block_start": 2,
+                             "current_request_block_count": 3}
+# vLLM's token-range kv.retain 1.0 (vllm-project/vllm vllm/v1/kv_hints/retain.py and
+# tests/v1/kv_hints/test_retain.py, test_single_action_parses_in_order and
+# test_covers_output_directive).
+VLLM_RETAIN = {"scope": "alice", "directives": [
+    {"start": 0, "end": 32, "priority": 80, "duration": 60.0},
+    {"start": 32, "end": None, "priority": 40}]}
+VLLM_RETAIN_OUTPUT = {"scope": "alice",
+                      "directives": [{"covers_output": True, "priority": 70, "duration": 5.0}]}
+# vLLM's vllm.set_priority 1.0, applied at completion (vllm-project/vllm
+# vllm/v1/kv_hints/README.md "G1 RETAIN via SET_PRIORITY", vllm/v1/kv_hints/actions.py
+# SetPriority): a claim, and the same claim cleared (value null, no ttl, next revision).
+VLLM_SET_PRIORITY = {"target": "request_cached", "location": "local_g1",
+                     "claim_id": "router/session-1", "revision": 1, "value": 10,
+                     "ttl_seconds": 60}
+VLLM_CLEAR_PRIORITY = {"target": "request_cached", "location": "local_g1",
+                       "claim_id": "router/session-1", "revision": 2, "value": None}
 
 
 def test_reads_job_and_retention_actions() -> None:
@@ -73,6 +114,83 @@ def test_dynamo_retain_keeps_the_request_and_evict_ends_the_session() -> None:
     assert retain.scope_is_session and evict.scope_is_session
 
 
+def ranges(config: Any) -> list[tuple[int, int | None, int, float | None]]:
+    return [(r.token_start, r.token_end if r.HasField("token_end") else None, r.priority,
+             r.duration_s if r.HasField("duration_s") else None) for r in config.token_ranges]
+
+
+def test_dynamo_lineage_form_keeps_this_request_and_refuses_the_hashes_counted() -> None:
+    retain = read_kv_hints(envelope(action("kv.retain", "1.0", DYNAMO_LINEAGE_RETAIN)))
+    assert retain.retention is not None and retain.scope_is_session
+    assert ranges(retain.retention) == [(0, None, DYNAMO_RETAIN_PRIORITY, 2.5)]
+    assert (retain.ignored, retain.problems) == (0, ())
+    assert retain.refused == (
+        f"kv_hints.actions[0].payload.block_hashes: 2 blocks: {LINEAGE_REFUSED}",)
+    evict = read_kv_hints(envelope(action("kv.evict", "1.0", DYNAMO_LINEAGE_EVICT)))
+    assert evict.is_last_step and ranges(evict.retention) == [(0, None, 35, None)]
+    assert (evict.ignored, len(evict.refused)) == (0, 1)
+
+
+def test_dynamo_block_range_is_this_requests_tokens_by_block_size() -> None:
+    reading = read_kv_hints(envelope(action("kv.retain", "1.0", DYNAMO_BLOCK_RANGE_RETAIN)),
+                            block_size_tokens=16)
+    # Blocks 2, 3 and 4: tokens [32, 80); the rest of the request keeps the default.
+    assert ranges(reading.retention) == [(32, 80, DYNAMO_RETAIN_PRIORITY, 2.5)]
+    assert (reading.ignored, reading.refused) == (0, ())
+    unknown_size = read_kv_hints(envelope(action("kv.retain", "1.0",
+                                                 DYNAMO_BLOCK_RANGE_RETAIN)))
+    assert unknown_size.retention is None and unknown_size.ignored == 1
+    assert unknown_size.problems[0].startswith(
+        "kv_hints.actions[0].payload.current_request_block_start: ")
+
+
+def test_vllm_retain_ranges_on_kvtethers_scale() -> None:
+    reading = read_kv_hints(envelope(action("kv.retain", "1.0", VLLM_RETAIN)))
+    # vLLM's 80 and 40 protect above unprotected blocks (0 there, 35 here).
+    assert ranges(reading.retention) == [(0, 32, 87, 60.0), (32, None, 61, None)]
+    assert reading.retention_scope == "alice" and not reading.scope_is_session
+    assert (reading.ignored, reading.refused) == (0, ())
+    output = read_kv_hints(envelope(action("kv.retain", "1.0", VLLM_RETAIN_OUTPUT)))
+    assert output.retention is not None and ranges(output.retention) == []
+    assert (output.retention.decode_priority, output.retention.decode_duration_s) == (81, 5.0)
+    assert [from_vllm_retain_priority(p) for p in (0, 1, 50, 100)] == [35, 36, 68, 100]
+
+
+def test_vllm_retain_actions_concatenate_under_one_scope() -> None:
+    both = read_kv_hints(envelope(
+        action("kv.retain", "1.0", {"scope": "alice",
+                                    "directives": [{"start": 0, "end": 16, "priority": 90}]}),
+        action("kv.retain", "1.0", {"scope": "alice",
+                                    "directives": [{"start": 16, "end": 32, "priority": 50}]})))
+    assert [r[:3] for r in ranges(both.retention)] == [(0, 16, 94), (16, 32, 68)]
+    clash = read_kv_hints(envelope(
+        action("kv.retain", "1.0", {"scope": "a", "directives": [{"start": 0, "priority": 9}]}),
+        action("kv.retain", "1.0", {"scope": "b", "directives": [{"start": 0, "priority": 9}]})))
+    assert clash.problems[0].startswith("kv_hints.actions[1].payload.scope: ")
+    assert ranges(clash.retention) == [(0, None, 41, None)]
+
+
+def test_vllm_set_priority_is_the_claims_retention_and_null_clears_it() -> None:
+    claim = read_kv_hints(envelope(action("vllm.set_priority", "1.0", VLLM_SET_PRIORITY)))
+    assert ranges(claim.retention) == [(0, None, 45, 60.0)]
+    assert claim.retention_scope == "router/session-1" and not claim.scope_is_session
+    cleared = read_kv_hints(envelope(action("vllm.set_priority", "1.0", VLLM_CLEAR_PRIORITY)))
+    assert ranges(cleared.retention) == [(0, None, 35, None)]
+    assert cleared.retention_scope == "router/session-1"
+    assert [from_vllm_claim_value(v) for v in (-50, 0, 10, 65, 10**6)] == [0, 35, 45, 100, 100]
+
+
+def test_the_last_retaining_action_owns_the_retention() -> None:
+    claim_last = read_kv_hints(envelope(action("kv.retain", "1.0", DYNAMO_RETAIN),
+                                        action("vllm.set_priority", "1.0", VLLM_SET_PRIORITY)))
+    assert (claim_last.retention_scope, claim_last.scope_is_session) == (
+        "router/session-1", False)
+    session_last = read_kv_hints(envelope(action("vllm.set_priority", "1.0", VLLM_SET_PRIORITY),
+                                          action("kv.retain", "1.0", DYNAMO_RETAIN)))
+    assert (session_last.retention_scope, session_last.scope_is_session) == ("", True)
+    assert ranges(session_last.retention) == [(0, None, DYNAMO_RETAIN_PRIORITY, 300.0)]
+
+
 def test_unknown_types_and_versions_are_counted_not_read() -> None:
     reading = read_kv_hints(envelope(
         action("kv.source_locations", "1.0", {"anything": 1}),
@@ -99,8 +217,38 @@ def test_unknown_types_and_versions_are_counted_not_read() -> None:
             "token_range_retention_configs": [{"token_start": 0, "priority": 500}]}}),
          "kv_hints.actions[0].payload.kv_cache_retention_config"
          ".token_range_retention_configs[0].priority"),
-        (action("kv.retain", "1.0", {**DYNAMO_RETAIN, "block_hashes": [12]}),
+        (action("kv.retain", "1.0", {**DYNAMO_RETAIN, "include_current_request": False,
+                                     "block_hashes": ["11"]}),
+         "kv_hints.actions[0].payload.include_current_request"),
+        (action("kv.retain", "1.0", {**DYNAMO_RETAIN, "current_request_block_start": 2}),
+         "kv_hints.actions[0].payload.current_request_block_count"),
+        (action("kv.retain", "1.0", {**DYNAMO_RETAIN, "execute_at": "now"}),
+         "kv_hints.actions[0].payload.execute_at"),
+        # Told apart by shape: directives make it vLLM's, where block_hashes is unknown.
+        (action("kv.retain", "1.0", {"directives": [], "block_hashes": []}),
          "kv_hints.actions[0].payload.block_hashes"),
+        (action("kv.retain", "1.0", {"directives": [{"start": 0, "priority": 101}]}),
+         "kv_hints.actions[0].payload.directives[0].priority"),
+        (action("kv.retain", "1.0", {"directives": [{"start": 0, "end": 16, "priority": 30},
+                                                    {"start": 16, "priority": 80}]}),
+         "kv_hints.actions[0].payload.directives"),
+        (action("kv.retain", "1.0", {"directives": [
+            {"covers_output": True, "start": 0, "priority": 10}]}),
+         "kv_hints.actions[0].payload.directives[0].covers_output"),
+        (action("kv.retain", "1.0", {"directives": [{"start": 16, "end": 16, "priority": 9}]}),
+         "kv_hints.actions[0].payload.directives[0].end"),
+        (action("vllm.set_priority", "1.0", {**VLLM_SET_PRIORITY, "ttl_seconds": None}),
+         "kv_hints.actions[0].payload.ttl_seconds"),
+        (action("vllm.set_priority", "1.0", {**VLLM_CLEAR_PRIORITY, "ttl_seconds": 5}),
+         "kv_hints.actions[0].payload.ttl_seconds"),
+        (action("vllm.set_priority", "1.0", {**VLLM_SET_PRIORITY, "target": "hashes"}),
+         "kv_hints.actions[0].payload.target"),
+        (action("vllm.set_priority", "1.0", {**VLLM_SET_PRIORITY, "claim_id": ""}),
+         "kv_hints.actions[0].payload.claim_id"),
+        (action("vllm.set_priority", "1.0", {**VLLM_SET_PRIORITY, "revision": -1}),
+         "kv_hints.actions[0].payload.revision"),
+        (action("vllm.set_priority", "1.0", {**VLLM_SET_PRIORITY, "extra": 1}),
+         "kv_hints.actions[0].payload.extra"),
         (action("kv.retain", "1.0", {**DYNAMO_RETAIN, "ttl_seconds": -1}),
          "kv_hints.actions[0].payload.ttl_seconds"),
         (action("kv.evict", "1.0", {**DYNAMO_EVICT, "include_current_request": False}),
@@ -156,3 +304,21 @@ def test_malformed_input_warns_once_naming_the_field_and_the_request_runs(
     assert "kv_hints.actions[0].payload.is_last_step" in warnings[0]
     assert "kv_cache_retention_config.decode_duration_ms" in warnings[1]
     assert meta.retention is None and meta.kv_hint_actions_ignored == 2
+
+
+def test_refused_fields_are_counted_per_request_and_warned_once(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metadata, "_refused_warned", set())
+    lineage = envelope(action("kv.retain", "1.0", DYNAMO_LINEAGE_RETAIN))
+    with caplog.at_level(logging.WARNING, logger="kvtether.plugin"):
+        metas = [read_metadata(request(None, lineage, session_id="dyn-9"), 16)
+                 for _ in range(3)]
+    assert [m.kv_hint_fields_refused for m in metas] == [1, 1, 1]
+    assert all(m.kv_hint_actions_ignored == 0 and m.retention is not None for m in metas)
+    warnings = [r.getMessage() for r in caplog.records
+                if "kv_hints.actions[0].payload.block_hashes" in r.getMessage()]
+    assert len(warnings) == 1 and "2 blocks" in warnings[0], warnings
+    ranged = read_metadata(request(None, envelope(
+        action("kv.retain", "1.0", DYNAMO_BLOCK_RANGE_RETAIN)), session_id="dyn-9"), 16)
+    assert _retention_config("r1", ranged).token_ranges[0].token_start == 32
+    assert ranged.retention_scope == "dyn-9"

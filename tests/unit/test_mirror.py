@@ -151,3 +151,15 @@ def test_a_pressure_order_that_empties_replaces_the_last_one() -> None:
     assert list(gone.pressure_release_order.request_ids) == []
     same = engines.handle(pb.StepReport(engine_id="e", seq=3, now_s=3.0))
     assert not same.HasField("pressure_release_order"), "unchanged: not sent again"
+
+
+def test_the_mirror_counts_the_blocks_its_pins_hold() -> None:
+    mirror = EngineMirror("e")
+    mirror.apply(pb.StepReport(engine_id="e", seq=1, snapshot=True, now_s=1.0, pins=[
+        pb.PinState(request_id="p1", job_id="j1", blocks=3, expires_at_s=9.0),
+        pb.PinState(request_id="p2", job_id="j2", blocks=5, expires_at_s=9.0)]))
+    assert mirror.pinned_blocks == 8
+    mirror.apply(pb.StepReport(engine_id="e", seq=2, now_s=2.0, released_pins=["p1"]))
+    assert mirror.pinned_blocks == 5
+    mirror.apply(pb.StepReport(engine_id="e", seq=3, snapshot=True, now_s=3.0))
+    assert mirror.pinned_blocks == 0

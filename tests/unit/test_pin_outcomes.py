@@ -125,12 +125,12 @@ def test_the_wait_the_daemon_asks_of_each_engine_is_exported() -> None:
         engines.handle(pb.StepReport(engine_id=engine_id, seq=1, snapshot=True, now_s=0.0,
                                      new_requests=[_new("a1", "a", 0.0)]))
         assert REGISTRY.get_sample_value("kvtether_engine_finished_turns_cached",
-                                         {"engine": engine_id}) == expected
+                                         {"engine_id": engine_id}) == expected
 
 
 def _unreturned(engine_id: str) -> float:
     return REGISTRY.get_sample_value("kvtether_pins_unreturned_total",
-                                     {"engine": engine_id}) or 0.0
+                                     {"engine_id": engine_id}) or 0.0
 
 
 def test_a_pin_whose_job_came_back_to_another_engine_counts_unreturned_on_its_own() -> None:

@@ -71,7 +71,7 @@ def check(vllm_class: type, version: str, monkeypatch: pytest.MonkeyPatch) -> tu
     return scheduler, scheduler._fits_vllm()
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.32.0+cpu"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0", "0.32.0+cpu"])
 def test_a_tested_vllm_starts_the_plugin_silently(
         version: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="kvtether.plugin"):
@@ -88,7 +88,7 @@ def test_an_untested_vllm_gets_one_warning_naming_the_tested_range(
     [record] = plugin_records(caplog)
     assert record.levelno == logging.WARNING
     assert record.getMessage() == ("kvtether: vLLM 0.34.1 is untested (tested: 0.32.0, "
-                                   "0.33.0); the plugin runs, fail-open")
+                                   "0.33.0, 0.34.0); the plugin runs, fail-open")
 
 
 @pytest.mark.parametrize(("drop", "named", "before_build"), [

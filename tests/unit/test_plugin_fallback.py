@@ -26,7 +26,9 @@ def test_a_request_the_daemon_has_not_ranked_queues_behind_every_ranked_one() ->
     from sidecar.runtime.priorities import PRIORITY_LIMIT
 
     # The daemon's ranks are strictly inside (-PRIORITY_LIMIT, PRIORITY_LIMIT).
-    assert fallback.UNRANKED_PRIORITY >= PRIORITY_LIMIT
+    from vllm_plugin.ranks import UNRANKED_RANK
+
+    assert UNRANKED_RANK >= PRIORITY_LIMIT
 
 
 def test_an_idle_engine_releases_in_the_daemons_order_first() -> None:

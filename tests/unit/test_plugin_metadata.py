@@ -131,7 +131,7 @@ def test_bad_settings_name_the_variable(name: str, value: str) -> None:
         PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value})
 
 
-def test_item6_the_engine_token_comes_from_a_variable_or_a_file(tmp_path: Path) -> None:
+def test_the_engine_token_comes_from_a_variable_or_a_file(tmp_path: Path) -> None:
     assert PluginSettings.from_env({}).token == ""
     token = "engine-token-0123456789"
     assert PluginSettings.from_env({"KVTETHER_PLUGIN_TOKEN": token}).token == token
@@ -148,7 +148,7 @@ def test_item6_the_engine_token_comes_from_a_variable_or_a_file(tmp_path: Path) 
      ({"TOKEN_FILE": "/nonexistent/token"}, "TOKEN_FILE: cannot read '/nonexistent/token'"),
      ({"TOKEN": "has space"}, "TOKEN: must be printable ASCII without spaces")],
 )
-def test_item6_a_bad_engine_token_setting_names_the_variable(
+def test_a_bad_engine_token_setting_names_the_variable(
         variables: dict[str, str], message: str) -> None:
     with pytest.raises(PluginSettingsError, match=f"KVTETHER_PLUGIN_{message}") as refused:
         PluginSettings.from_env({f"KVTETHER_PLUGIN_{name}": value
@@ -156,14 +156,14 @@ def test_item6_a_bad_engine_token_setting_names_the_variable(
     assert "has space" not in str(refused.value)
 
 
-def test_item9_tool_names_cleaned(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_client_named_tool_is_one_bounded_line(caplog: pytest.LogCaptureFixture) -> None:
     # A client's tool is cleaned like a parsed one: one line, cut at 128, never dropped.
     assert read_metadata(request({"tool": "pytest\n-x\t\x1b[31m"})).tool == "pytest -x [31m"
     assert read_metadata(request({"tool": "t" * 300})).tool == "t" * 128
     assert read_metadata(request({"tool": "*"})).tool == ""
 
 
-def test_item9_long_job_id_kept(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_job_id_over_the_limit_keeps_its_job(caplog: pytest.LogCaptureFixture) -> None:
     # A job id over the limit keeps its job: every turn maps to the same bounded id,
     # two long ids never share one, and the engine log says so once per job.
     first = "job-" + "a" * 400

@@ -1,11 +1,13 @@
 """The policy contract (sidecar/framework/protocols.py), checked against every
-registered policy with its default parameters: what the runtime and the digital twin
-rely on whichever policy a user picks."""
+registered policy with its default parameters, and against the complete small policy
+docs/policies.md shows a newcomer: what the runtime and the digital twin rely on
+whichever policy a user picks or writes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +21,38 @@ from sidecar.framework.types import (
     RetainDecision,
     StepView,
 )
+from sidecar.policies.base import NativePolicy
 from sidecar.policies.registry import available_policies, build_policy
 from tests.unit.builders import StepBuilder, step
 
 FAST = [0.08, 0.1, 0.12, 0.09, 0.11, 0.1]
 SLOW = [10.0, 12.0, 14.0, 11.0, 13.0, 12.5]
 
-POLICIES = list(available_policies())
+ROOT = Path(__file__).resolve().parents[2]
+# The policy written out in docs/policies.md, "Adding a policy".
+DOCUMENTED = "docs/policies.md example"
+POLICIES = [*available_policies(), DOCUMENTED]
+
+
+def documented_code() -> str:
+    """The first Python block of docs/policies.md's "Adding a policy"."""
+    text = (ROOT / "docs" / "policies.md").read_text(encoding="utf-8")
+    section = text[text.index("## Adding a policy"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def documented_policy() -> Policy:
+    """The documented policy, its code run as written, built with default parameters."""
+    namespace: dict[str, object] = {"__name__": "documented_policy"}
+    exec(compile(documented_code(), "docs/policies.md", "exec"), namespace)
+    (policy_class,) = [value for value in namespace.values() if isinstance(value, type)
+                       and issubclass(value, NativePolicy) and value is not NativePolicy]
+    policy: Policy = policy_class()
+    return policy
+
+
+def make(name: str) -> Policy:
+    return documented_policy() if name == DOCUMENTED else build_policy(name, {})
 
 
 def _busy(now: float = 20.0, free_blocks: int = 0) -> StepBuilder:
@@ -78,7 +105,7 @@ def _decide(policy: Policy, view: StepView) -> tuple[object, ...]:
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_orders_are_permutations_and_releases_name_pins(name: str, scenario: str) -> None:
-    policy = build_policy(name, {})
+    policy = make(name)
     view = SCENARIOS[scenario]().build()
     waiting = policy.order_waiting(view)
     victims = policy.order_victims(view)
@@ -106,13 +133,13 @@ def test_ties_break_the_same_whatever_order_the_requests_come_in(
     view = SCENARIOS[scenario]().build()
     shuffled = replace(view, waiting=tuple(reversed(view.waiting)),
                        running=tuple(reversed(view.running)), pins=tuple(reversed(view.pins)))
-    assert _decide(build_policy(name, {}), view) == _decide(build_policy(name, {}), shuffled)
+    assert _decide(make(name), view) == _decide(make(name), shuffled)
 
 
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_the_same_step_twice_gets_the_same_answer(name: str, scenario: str) -> None:
-    policy = build_policy(name, {})
+    policy = make(name)
     # A history first, so that a policy's per-engine state is not fresh: a request
     # admitted every 2 s for 16 s, the step's requests new to it.
     for tick in range(8):
@@ -128,7 +155,7 @@ def test_the_same_step_twice_gets_the_same_answer(name: str, scenario: str) -> N
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_releasing_twice_is_harmless(name: str) -> None:
-    policy = build_policy(name, {})
+    policy = make(name)
     view = _busy().build()
     released: set[str] = set()
     for release in (policy.expire(view), policy.release_under_pressure(view)):
@@ -154,7 +181,7 @@ def _finish(s: StepBuilder, request_id: str, tool: str | None = "ls") -> FinishI
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("scenario", ["memory short", "memory idle", "stalled"])
 def test_a_last_step_is_never_pinned(name: str, scenario: str) -> None:
-    policy = build_policy(name, {})
+    policy = make(name)
     s = SCENARIOS[scenario]().pin("d-old", job="d", blocks=3, pinned_at=15.0, tool="ls")
     for tool in ("ls", "make", None):
         decision = policy.on_finish(_finish(s, "r-last", tool))
@@ -168,7 +195,7 @@ def test_requests_without_a_job_and_concurrent_requests_of_one_job(name: str) ->
     """A request with no job id is a job of its own (the runtime gives it its own id);
     two requests of one job may run at once. Each finish supersedes only its own
     job's older pins."""
-    policy = build_policy(name, {})
+    policy = make(name)
     s = (_busy(free_blocks=200)
          .running("anon-1", job=None, arrive=18.0).running("anon-2", job=None, arrive=18.0)
          .pin("e-old", job="e", blocks=4, pinned_at=10.0, tool="ls"))
@@ -191,9 +218,18 @@ def test_a_request_with_no_job_is_left_to_vllms_order(name: str, scenario: str) 
     and no session has no next turn, so whatever tool its answer names and whatever
     the tools' measured times say, no policy pins it or caches it above vLLM's own
     priority (35), where it would outrank a client's directive."""
-    policy = build_policy(name, {})
+    policy = make(name)
     s = SCENARIOS[scenario]().running("once", job=None, arrive=19.0, prompt=450)
     for tool in ("ls", "make", None):
         decision = policy.on_finish(_finish(s, "once", tool))
         assert decision.action is not RetainAction.PIN and decision.ttl_s == 0.0, tool
         assert decision.retention_priority is None, (tool, decision.reason)
+
+
+def test_the_documented_policy_is_a_small_complete_one() -> None:
+    """What docs/policies.md promises a newcomer: about forty lines make a policy the
+    runtime can run (its hooks the rest of this suite checks)."""
+    assert len(documented_code().splitlines()) <= 50
+    policy = documented_policy()
+    assert isinstance(policy, Policy) and policy.name == "fixed-pin"
+    assert policy.pins_finished_requests and not policy.reads_waiting_demand

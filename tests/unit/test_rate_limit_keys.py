@@ -18,5 +18,5 @@ from sidecar.server.limits import peer_address
      ("unix-abstract:kvtether", "unix"),
      ("ipv4:10.0.0.7", "ipv4:10.0.0.7")],
 )
-def test_item7_a_caller_is_its_address_without_the_port(peer: str, address: str) -> None:
+def test_a_caller_is_its_address_without_the_port(peer: str, address: str) -> None:
     assert peer_address(peer) == address

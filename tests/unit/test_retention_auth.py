@@ -90,7 +90,7 @@ def test_a_bearer_token_authenticates_its_scope() -> None:
     assert not Authenticator({}).enabled
 
 
-def test_item6_only_an_engine_scopes_token_reports_engine_steps() -> None:
+def test_only_an_engine_scopes_token_reports_engine_steps() -> None:
     auth = Authenticator({DYNAMO_TOKEN: "dynamo", ENGINE_TOKEN: "engines"}, ["engines"])
     assert auth.engine_scope_of([("authorization", f"Bearer {ENGINE_TOKEN}")]) == "engines"
     with pytest.raises(NotAnEngineScope, match="scope 'dynamo' may not report engine steps: "

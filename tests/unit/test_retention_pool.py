@@ -182,8 +182,8 @@ def test_the_scheduler_pool_is_converted_in_place(tmp_path: Any) -> None:
 
     scheduler = build_scheduler(tiny_model_dir(), num_blocks=32, block_size=BLOCK)
     pool = scheduler.kv_cache_manager.block_pool
-    handle = install(pool)
-    assert handle is not None and install(pool) is handle  # idempotent
+    handle = install(pool, Clock())
+    assert handle is not None and install(pool, Clock()) is handle  # idempotent
     assert type(pool) is BlockPool and not handle.active  # vLLM's own, until needed
     seq = sequence(pool, 2)
     retain(seq, 90)

@@ -122,7 +122,7 @@ async def test_a_fetch_older_than_a_write_through_is_discarded() -> None:
     await directory.close()
 
 
-def test_item9_retention_reason_says_what_set_the_priorities() -> None:
+def test_retention_reason_says_what_set_the_priorities() -> None:
     dynamo = [pushed(SYSTEM_AND_CONTEXT, "dynamo")]
     sources = {
         "own only": resolve(ranges((0, None, 60)), "agent-7", []),
@@ -143,7 +143,7 @@ def test_item9_retention_reason_says_what_set_the_priorities() -> None:
     }
 
 
-async def test_item5_directives_fetched_for_passing_jobs_stay_within_the_job_bound() -> None:
+async def test_directives_fetched_for_passing_jobs_stay_within_the_job_bound() -> None:
     """On a shared store every job that passes is looked up (job and session): the
     cache keeps the targets of at most ``max_jobs`` jobs, not of every job seen."""
     store = EmbeddedStore()

@@ -207,7 +207,7 @@ def test_never_raises_on_json_like_garbage(output: str) -> None:
     parse_tool(output)
 
 
-def test_item9_tool_names_cleaned() -> None:
+def test_tool_names_from_client_or_output_are_one_bounded_line() -> None:
     # Whether the client names the tool or the model's output does, the name is one
     # bounded line of text, cut (never dropped) at the same length.
     long_name = "t" * 300

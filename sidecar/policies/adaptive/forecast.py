@@ -1,24 +1,22 @@
 """What ``adaptive`` remembers of an engine's recent past (``state.EngineMemory``
-holds one of each): the price of memory, the rate at which the engine admits
-requests, when arrival order would have admitted each request waiting now, how much
-slower FCFS would admit, and the contexts released while their job is in a tool.
+holds one of each):
 
-The price of memory over the next seconds, forecast from its recent past.
-
-A pin decided now holds its blocks for seconds; the price it pays is the price over
-those seconds, not the one at the step it was decided. Where memory flickers between
-idle and short — a small cache that fits a context or two, requests arriving every
-few hundred milliseconds — the price at any one step is usually 0, and a pin valued
-at it looks free until the next request arrives and waits on it. The best forecast
-of the price over the next seconds is its recent average: an exponential average over
-time, each step's price weighted by how long it lasted.
-
-The last three set the bound on waiting (admission.py, ``overdue_request_ids``). By Little's
-law a queue of L requests that the engine admits at λ a second holds each for L / λ
-seconds in arrival order: the wait FCFS would give a request arriving now. For a
-request that has waited a while, the arrival-order clock says when FCFS would have
-admitted it, had it admitted as many requests as the engine did, fewer by what FCFS
-would have re-computed of the contexts this engine kept (``FcfsRecompute``).
+- :class:`PriceForecast`, the price of memory over the next seconds. A pin decided
+  now holds its blocks for seconds; the price it pays is the price over those
+  seconds, not the one at the step it was decided. Where memory flickers between
+  idle and short (a small cache that fits a context or two, requests arriving every
+  few hundred milliseconds) the price at any one step is usually 0, and a pin valued
+  at it looks free until the next request arrives and waits on it. The best forecast
+  of the price over the next seconds is its recent average: an exponential average
+  over time, each step's price weighted by how long it lasted.
+- :class:`AdmissionRate`, :class:`ArrivalOrderClock` and :class:`FcfsRecompute`, which
+  set the bound on waiting (admission.py, ``overdue_request_ids``). By Little's law a
+  queue of L requests that the engine admits at λ a second holds each for L / λ
+  seconds in arrival order: the wait FCFS would give a request arriving now. For a
+  request that has waited a while, the arrival-order clock says when FCFS would have
+  admitted it, had it admitted as many requests as the engine did, fewer by what
+  FCFS would have re-computed of the contexts this engine kept.
+- :class:`ReleasedContexts`, the contexts released while their job is in a tool.
 
 Each is fed by an engine's steps in order; a step seen twice (the same ``now_s``) adds
 nothing to it, and a clock that goes back (an engine restarted under the same id)
@@ -29,7 +27,6 @@ from __future__ import annotations
 
 import math
 import operator
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,23 +39,21 @@ _request_id = operator.attrgetter("request_id")
 
 
 class PerEngine(Generic[_State]):
-    """State kept per engine id, under a lock (engines may be decided on different
-    threads), and dropped when the daemon forgets the engine
-    (``AdaptivePolicy.forget_engine``)."""
+    """State kept per engine id, dropped when the daemon forgets the engine
+    (``AdaptivePolicy.forget_engine``). No lock: every decision, and every forget,
+    runs on the daemon's event-loop thread, one at a time (the policy contract,
+    ``sidecar.framework.protocols``)."""
 
     def __init__(self) -> None:
         self._engines: dict[str, _State] = {}
-        self._lock = threading.Lock()
 
     def forget(self, engine_id: str) -> None:
-        with self._lock:
-            self._engines.pop(engine_id, None)
+        self._engines.pop(engine_id, None)
 
     @property
     def engine_ids(self) -> frozenset[str]:
         """The engines with state here."""
-        with self._lock:
-            return frozenset(self._engines)
+        return frozenset(self._engines)
 
 
 @dataclass(slots=True)
@@ -81,20 +76,19 @@ class PriceForecast(PerEngine[_Average]):
         ahead: the larger of the current price and the recent average."""
         if self.window_s <= 0.0:
             return price
-        with self._lock:
-            average = self._engines.get(engine_id)
-            if average is None or now_s < average.at_s:
-                # First step, or a clock that went back (an engine restarted under the
-                # same id): no past to average.
-                average = self._engines[engine_id] = _Average(0.0, price, now_s)
-            elapsed_s = now_s - average.at_s
-            if elapsed_s > 0.0:
-                # The previous price held from at_s until now.
-                kept = math.exp(-elapsed_s / self.window_s)
-                average.value = kept * average.value + (1.0 - kept) * average.price
-                average.at_s = now_s
-            average.price = price
-            return max(price, average.value)
+        average = self._engines.get(engine_id)
+        if average is None or now_s < average.at_s:
+            # First step, or a clock that went back (an engine restarted under the
+            # same id): no past to average.
+            average = self._engines[engine_id] = _Average(0.0, price, now_s)
+        elapsed_s = now_s - average.at_s
+        if elapsed_s > 0.0:
+            # The previous price held from at_s until now.
+            kept = math.exp(-elapsed_s / self.window_s)
+            average.value = kept * average.value + (1.0 - kept) * average.price
+            average.at_s = now_s
+        average.price = price
+        return max(price, average.value)
 
 
 def _positive_window(window_s: float) -> float:
@@ -123,20 +117,19 @@ class AdmissionRate(PerEngine[_Rate]):
 
     def update(self, engine_id: str, now_s: float, running_ids: frozenset[str]) -> float:
         """Record the running requests seen at ``now_s``; answer the rate (1/s)."""
-        with self._lock:
-            rate = self._engines.get(engine_id)
-            if rate is None or now_s < rate.at_s:
-                # First step, or a clock that went back: the rate is unknown (0).
-                self._engines[engine_id] = _Rate(0.0, now_s, running_ids)
-                return 0.0
-            admitted = len(running_ids - rate.running)
-            # The past decays over the elapsed time; each admission adds 1 / window_s,
-            # so a steady λ a second averages to λ.
-            kept = math.exp(-(now_s - rate.at_s) / self.window_s)
-            rate.per_s = kept * rate.per_s + admitted / self.window_s
-            rate.at_s = now_s
-            rate.running = running_ids
-            return rate.per_s
+        rate = self._engines.get(engine_id)
+        if rate is None or now_s < rate.at_s:
+            # First step, or a clock that went back: the rate is unknown (0).
+            self._engines[engine_id] = _Rate(0.0, now_s, running_ids)
+            return 0.0
+        admitted = len(running_ids - rate.running)
+        # The past decays over the elapsed time; each admission adds 1 / window_s,
+        # so a steady λ a second averages to λ.
+        kept = math.exp(-(now_s - rate.at_s) / self.window_s)
+        rate.per_s = kept * rate.per_s + admitted / self.window_s
+        rate.at_s = now_s
+        rate.running = running_ids
+        return rate.per_s
 
 
 @dataclass(slots=True)
@@ -181,42 +174,41 @@ class ArrivalOrderClock(PerEngine[_Clock]):
         each is worth in admissions of arrival order (1 unless given: FCFS would
         have admitted as many; ``FcfsRecompute``: fewer, slowed by re-compute)."""
         waiting, running = tuple(waiting), tuple(running)
-        with self._lock:
-            clock = self._engines.get(engine_id)
-            if clock is None or now_s < clock.at_s:
-                # First step, or a clock that went back (engine restarted): afresh.
-                clock = self._engines[engine_id] = _Clock(now_s)
-            running_ids = set(map(_request_id, running))
-            live = set(map(_request_id, waiting))
-            live.update(running_ids)
-            # Set differences first: most steps bring few new or admitted requests.
-            new_ids = live - clock.live
-            if new_ids:
-                arrived = sorted((r for r in (*waiting, *running) if r.request_id in new_ids),
-                                 key=lambda r: (r.arrival_s, r.request_id))
-                clock.queue.extend(r.request_id for r in arrived)
-            admitted = ([r for r in running if r.request_id not in clock.admitted]
-                        if running_ids - clock.admitted else [])
-            clock.admitted.update(r.request_id for r in admitted)
-            if admitted:
-                clock.unmatched += len(admitted) * (weigh(admitted) if weigh else 1.0)
-            for gone in clock.live - live:
-                if gone not in clock.admitted and gone not in clock.due_at_s:
-                    # Aborted before arrival order reached it: it leaves the virtual
-                    # queue too (rare, so the linear removal is fine).
-                    clock.queue.remove(gone)
-                clock.admitted.discard(gone)
-                clock.due_at_s.pop(gone, None)
-            while clock.unmatched >= 1.0 - 1e-9 and clock.queue:
-                # A request admitted out of order and gone since still takes its
-                # turn here: arrival order would have admitted it then.
-                request_id = clock.queue.popleft()
-                clock.unmatched -= 1
-                if request_id in live:
-                    clock.due_at_s[request_id] = now_s
-            clock.live = live
-            clock.at_s = now_s
-            return clock.due_at_s
+        clock = self._engines.get(engine_id)
+        if clock is None or now_s < clock.at_s:
+            # First step, or a clock that went back (engine restarted): afresh.
+            clock = self._engines[engine_id] = _Clock(now_s)
+        running_ids = set(map(_request_id, running))
+        live = set(map(_request_id, waiting))
+        live.update(running_ids)
+        # Set differences first: most steps bring few new or admitted requests.
+        new_ids = live - clock.live
+        if new_ids:
+            arrived = sorted((r for r in (*waiting, *running) if r.request_id in new_ids),
+                             key=lambda r: (r.arrival_s, r.request_id))
+            clock.queue.extend(r.request_id for r in arrived)
+        admitted = ([r for r in running if r.request_id not in clock.admitted]
+                    if running_ids - clock.admitted else [])
+        clock.admitted.update(r.request_id for r in admitted)
+        if admitted:
+            clock.unmatched += len(admitted) * (weigh(admitted) if weigh else 1.0)
+        for gone in clock.live - live:
+            if gone not in clock.admitted and gone not in clock.due_at_s:
+                # Aborted before arrival order reached it: it leaves the virtual
+                # queue too (rare, so the linear removal is fine).
+                clock.queue.remove(gone)
+            clock.admitted.discard(gone)
+            clock.due_at_s.pop(gone, None)
+        while clock.unmatched >= 1.0 - 1e-9 and clock.queue:
+            # A request admitted out of order and gone since still takes its
+            # turn here: arrival order would have admitted it then.
+            request_id = clock.queue.popleft()
+            clock.unmatched -= 1
+            if request_id in live:
+                clock.due_at_s[request_id] = now_s
+        clock.live = live
+        clock.at_s = now_s
+        return clock.due_at_s
 
 
 @dataclass(slots=True)
@@ -266,37 +258,35 @@ class FcfsRecompute(PerEngine[_Recompute]):
         """Record the requests the engine admitted at ``now_s`` (``first_turn`` tells
         a job's first request; ``shortage`` in [0, 1] is how short memory is); answer
         the factor (<= 1) FCFS's admission rate is of this engine's."""
-        with self._lock:
-            state = self._engines.get(engine_id)
-            if state is None or now_s < state.at_s:
-                state = self._engines[engine_id] = _Recompute(0.0, 0.0, now_s)
-            lost_tokens = 0.0
-            for request in admitted:
-                if request.prompt_tokens <= 0:
-                    continue
-                if first_turn(request):
-                    hit = min(request.cached_tokens / request.prompt_tokens, 1.0)
-                    state.shared_fraction += self.SHARED_SMOOTHING * (
-                        hit - state.shared_fraction)
-                else:
-                    lost_tokens += max(request.cached_tokens
-                                       - state.shared_fraction * request.prompt_tokens, 0.0)
-            extra_s = (lost_tokens * prefill_s_per_token * min(max(shortage, 0.0), 1.0)
-                       * (1.0 - state.shared_fraction))
-            # As AdmissionRate: the past decays over the elapsed time, each second
-            # of extra work adds 1 / window_s, so a steady x a second averages to x.
-            kept = math.exp(-(now_s - state.at_s) / self.window_s)
-            state.extra_per_s = kept * state.extra_per_s + extra_s / self.window_s
-            state.at_s = now_s
-            return state.factor
+        state = self._engines.get(engine_id)
+        if state is None or now_s < state.at_s:
+            state = self._engines[engine_id] = _Recompute(0.0, 0.0, now_s)
+        lost_tokens = 0.0
+        for request in admitted:
+            if request.prompt_tokens <= 0:
+                continue
+            if first_turn(request):
+                hit = min(request.cached_tokens / request.prompt_tokens, 1.0)
+                state.shared_fraction += self.SHARED_SMOOTHING * (
+                    hit - state.shared_fraction)
+            else:
+                lost_tokens += max(request.cached_tokens
+                                   - state.shared_fraction * request.prompt_tokens, 0.0)
+        extra_s = (lost_tokens * prefill_s_per_token * min(max(shortage, 0.0), 1.0)
+                   * (1.0 - state.shared_fraction))
+        # As AdmissionRate: the past decays over the elapsed time, each second
+        # of extra work adds 1 / window_s, so a steady x a second averages to x.
+        kept = math.exp(-(now_s - state.at_s) / self.window_s)
+        state.extra_per_s = kept * state.extra_per_s + extra_s / self.window_s
+        state.at_s = now_s
+        return state.factor
 
     def factor(self, engine_id: str) -> float:
         """The factor as of the last update (1 for an engine not seen). It is not
         decayed between updates: while the engine admits nothing, the re-compute FCFS
         would do per admission is unchanged."""
-        with self._lock:
-            state = self._engines.get(engine_id)
-            return 1.0 if state is None else state.factor
+        state = self._engines.get(engine_id)
+        return 1.0 if state is None else state.factor
 
 
 class ReleasedContexts(PerEngine[dict[str, tuple[int, float]]]):
@@ -321,25 +311,23 @@ class ReleasedContexts(PerEngine[dict[str, tuple[int, float]]]):
         """The job's context of ``blocks`` blocks was released at ``now_s``."""
         if blocks <= 0:
             return
-        with self._lock:
-            self._engines.setdefault(engine_id, {})[job_id] = (blocks, now_s)
+        self._engines.setdefault(engine_id, {})[job_id] = (blocks, now_s)
 
     def blocks(self, engine_id: str, now_s: float, back_jobs: Iterable[str],
                pinned_jobs: Iterable[str]) -> int:
         """Blocks of the released contexts still expected back: their job is neither
         back (``back_jobs``: waiting or running) nor pinned, within ``horizon_s``.
         Contexts of jobs back or past the horizon are forgotten."""
-        with self._lock:
-            released = self._engines.get(engine_id)
-            if not released:
-                return 0
-            for job_id in set(back_jobs) & released.keys():
+        released = self._engines.get(engine_id)
+        if not released:
+            return 0
+        for job_id in set(back_jobs) & released.keys():
+            del released[job_id]
+        pinned = set(pinned_jobs)
+        total = 0
+        for job_id, (blocks, at_s) in list(released.items()):
+            if now_s - at_s > self.horizon_s or now_s < at_s:
                 del released[job_id]
-            pinned = set(pinned_jobs)
-            total = 0
-            for job_id, (blocks, at_s) in list(released.items()):
-                if now_s - at_s > self.horizon_s or now_s < at_s:
-                    del released[job_id]
-                elif job_id not in pinned:
-                    total += blocks
-            return total
+            elif job_id not in pinned:
+                total += blocks
+        return total

@@ -1,4 +1,5 @@
-"""``fcfs``: vLLM's native scheduling, the baseline and the fallback. Never pins."""
+"""``fcfs``: vLLM's own order on the priority policy kvtether runs (the client's
+priority, then arrival), the baseline and the fallback. Never pins."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from sidecar.policies.base import NativePolicy, PolicyParams
 
 
 class FcfsParams(PolicyParams):
-    """``fcfs`` has no parameters: it is vLLM's behaviour, bit for bit."""
+    """``fcfs`` has no parameters: it is vLLM's own order."""
 
 
 class FcfsPolicy(NativePolicy):

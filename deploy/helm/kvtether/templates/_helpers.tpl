@@ -80,3 +80,19 @@ grpc:
   port: {{ .Values.daemon.grpcPort }}
 {{- end }}
 {{- end }}
+
+{{/* The labels that select the pods running the daemon: the chart's own in pod mode,
+     targetPods.matchLabels (another chart's vLLM pods) in sidecar-only mode. */}}
+{{- define "kvtether.podSelector" -}}
+{{- if eq .Values.mode "sidecar-only" }}
+{{- if not .Values.targetPods.matchLabels }}
+{{- fail "targetPods.matchLabels: sidecar-only mode needs the labels of the pods that carry the kvtether sidecar" }}
+{{- end }}
+{{- toYaml .Values.targetPods.matchLabels }}
+{{- else }}
+{{- include "kvtether.selectorLabels" . }}
+{{- end }}
+{{- end }}
+
+{{/* The label a ServiceMonitor's jobLabel reads: each Service's scrape job. */}}
+{{- define "kvtether.metricsJobLabel" -}}kvtether.io/metrics-job{{- end }}

@@ -162,7 +162,7 @@ class StepWork(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., busy_s: _Optional[float] = ..., prefill_tokens: _Optional[int] = ..., decode_seqs: _Optional[int] = ...) -> None: ...
 
 class EngineCounters(_message.Message):
-    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases", "answers_by_lag_steps", "provisional_block_seconds", "idle_waits", "idle_waits_missed", "kv_hint_actions_ignored")
+    __slots__ = ("fallback_steps", "resyncs", "local_pin_expiries", "idle_pin_releases", "answers_by_lag_steps", "provisional_block_seconds", "idle_waits", "idle_waits_missed", "kv_hint_actions_ignored", "kv_hint_fields_refused")
     FALLBACK_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESYNCS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_PIN_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class EngineCounters(_message.Message):
     IDLE_WAITS_FIELD_NUMBER: _ClassVar[int]
     IDLE_WAITS_MISSED_FIELD_NUMBER: _ClassVar[int]
     KV_HINT_ACTIONS_IGNORED_FIELD_NUMBER: _ClassVar[int]
+    KV_HINT_FIELDS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     fallback_steps: int
     resyncs: int
     local_pin_expiries: int
@@ -181,7 +182,8 @@ class EngineCounters(_message.Message):
     idle_waits: int
     idle_waits_missed: int
     kv_hint_actions_ignored: int
-    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ..., idle_pin_releases: _Optional[int] = ..., answers_by_lag_steps: _Optional[_Iterable[int]] = ..., provisional_block_seconds: _Optional[float] = ..., idle_waits: _Optional[int] = ..., idle_waits_missed: _Optional[int] = ..., kv_hint_actions_ignored: _Optional[int] = ...) -> None: ...
+    kv_hint_fields_refused: int
+    def __init__(self, fallback_steps: _Optional[int] = ..., resyncs: _Optional[int] = ..., local_pin_expiries: _Optional[int] = ..., idle_pin_releases: _Optional[int] = ..., answers_by_lag_steps: _Optional[_Iterable[int]] = ..., provisional_block_seconds: _Optional[float] = ..., idle_waits: _Optional[int] = ..., idle_waits_missed: _Optional[int] = ..., kv_hint_actions_ignored: _Optional[int] = ..., kv_hint_fields_refused: _Optional[int] = ...) -> None: ...
 
 class PinDecision(_message.Message):
     __slots__ = ("request_id", "action", "expires_at_s", "retention_priority", "retention_duration_s")

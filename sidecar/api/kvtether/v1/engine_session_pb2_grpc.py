@@ -62,7 +62,11 @@ class EngineSessionServicer(object):
         One live stream owns an engine id: the one that sent its latest snapshot. A newer
         stream's snapshot replaces it, and the older stream ends ABORTED
         ("engine X: replaced by a newer session"); a delta from a stream that has not sent
-        the engine's snapshot is answered with resync_requested.
+        the engine's snapshot is answered with resync_requested. With auth tokens, only a
+        stream of the same token scope may take a live stream's engine id
+        (PERMISSION_DENIED), and only for the ids auth.engine_ids allows its scope; with or
+        without tokens, at most limits.engine_takeovers_per_min takeovers of one id
+        (RESOURCE_EXHAUSTED, and the live stream keeps it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -203,10 +203,14 @@ class GetToolStatsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolStats, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "limit", "page_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    limit: int
+    page_token: str
+    def __init__(self, request_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class DecisionRecord(_message.Message):
     __slots__ = ("engine_id", "request_id", "job_id", "kind", "reason", "inputs", "at_s", "seq", "policy")
@@ -238,14 +242,16 @@ class DecisionRecord(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., request_id: _Optional[str] = ..., job_id: _Optional[str] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Mapping[str, str]] = ..., at_s: _Optional[float] = ..., seq: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("found", "decision", "decisions")
+    __slots__ = ("found", "decision", "decisions", "next_page_token")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     found: bool
     decision: DecisionRecord
     decisions: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
-    def __init__(self, found: bool = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, found: bool = ..., decision: _Optional[_Union[DecisionRecord, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchDecisionsRequest(_message.Message):
     __slots__ = ("engine_id", "job_id")

@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class InspectStub(object):
     """Read-only views of the daemon's policy and state, for operators and dashboards.
+    With auth tokens configured, every method takes a bearer token of a read scope
+    (auth.read_scopes; UNAUTHENTICATED without one) unless auth.inspect_open; calls
+    are rate-limited per caller (limits.inspect_calls_per_s; RESOURCE_EXHAUSTED).
     """
 
     def __init__(self, channel):
@@ -74,6 +77,9 @@ class InspectStub(object):
 
 class InspectServicer(object):
     """Read-only views of the daemon's policy and state, for operators and dashboards.
+    With auth tokens configured, every method takes a bearer token of a read scope
+    (auth.read_scopes; UNAUTHENTICATED without one) unless auth.inspect_open; calls
+    are rate-limited per caller (limits.inspect_calls_per_s; RESOURCE_EXHAUSTED).
     """
 
     def GetPolicy(self, request, context):
@@ -113,7 +119,7 @@ class InspectServicer(object):
 
     def Explain(self, request, context):
         """The inputs and rules behind the decisions taken for a request: the latest of
-        each kind.
+        each kind (a page of the requests an API client's id names, when it names many).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,6 +184,9 @@ def add_InspectServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Inspect(object):
     """Read-only views of the daemon's policy and state, for operators and dashboards.
+    With auth tokens configured, every method takes a bearer token of a read scope
+    (auth.read_scopes; UNAUTHENTICATED without one) unless auth.inspect_open; calls
+    are rate-limited per caller (limits.inspect_calls_per_s; RESOURCE_EXHAUSTED).
     """
 
     @staticmethod
