@@ -4,7 +4,9 @@
 #   scripts/dev.sh demo   # install, then daemon + vLLM-CPU engine + plugin + an agent workload
 #   scripts/dev.sh test   # install (test tools, Redis, promtool, Helm, kubectl too), then lint +
 #                         # the whole suite, then the scheduler-level tests on newer vLLM releases
-#                         # (scripts/test_vllm_versions.py; KVTETHER_VLLM_MATRIX=0 skips them)
+#                         # (scripts/test_vllm_versions.py; KVTETHER_VLLM_MATRIX=0 skips them),
+#                         # then vLLM's own scheduler tests against kvtether's scheduler
+#                         # (scripts/conformance.py; KVTETHER_CONFORMANCE=0 skips them)
 #   scripts/dev.sh stubs  # regenerate the committed gRPC stubs after editing a .proto
 #   scripts/dev.sh buf ARGS  # the pinned buf (proto lint, breaking-change check), e.g.
 #                            # `scripts/dev.sh buf lint` (proto/README.md)
@@ -132,7 +134,7 @@ case "${1:-}" in
     stubgen --check
     "$VENV/bin/ruff" check sidecar vllm_plugin tests benchmarks scripts
     "$VENV/bin/mypy"
-    # Both parts run; the command fails if either does.
+    # Every part runs; the command fails if any does.
     say "running the test suite (vllm-cpu, installed)"
     suite_rc=0 started=$SECONDS
     "$PY" -m pytest -q "$@" || suite_rc=$?
@@ -145,9 +147,18 @@ case "${1:-}" in
       "$PY" scripts/test_vllm_versions.py || matrix_rc=$?
     fi
     matrix_s=$((SECONDS - started))
-    say "test suite: exit $suite_rc in ${suite_s}s; vLLM releases: exit $matrix_rc in ${matrix_s}s"
+    say "running vLLM's own scheduler tests against kvtether's scheduler (scripts/conformance.py)"
+    conformance_rc=0 started=$SECONDS
+    if [ "${KVTETHER_CONFORMANCE:-1}" = 0 ]; then
+      echo "skipped (KVTETHER_CONFORMANCE=0)"
+    else
+      "$PY" -m scripts.conformance || conformance_rc=$?
+    fi
+    conformance_s=$((SECONDS - started))
+    say "test suite: exit $suite_rc in ${suite_s}s; vLLM releases: exit $matrix_rc in ${matrix_s}s; conformance: exit $conformance_rc in ${conformance_s}s"
     [ "$suite_rc" = 0 ] || exit "$suite_rc"
-    exit "$matrix_rc"
+    [ "$matrix_rc" = 0 ] || exit "$matrix_rc"
+    exit "$conformance_rc"
     ;;
   stubs)
     ensure_venv dev

@@ -150,6 +150,7 @@ def side_environment(side: Path, environ: Mapping[str, str] | None = None
     (:func:`side_directory`) on this CPU machine: ``environ`` (default: this process's)
     with ``side`` first on ``PYTHONPATH``, then the test platform, then this checkout
     (over any installed kvtether), and ``VLLM_TARGET_DEVICE`` unset.
+    ``scripts/conformance.py`` uses it too.
 
     The test platform (``tests/support/vllm_test_platform/``, test harness only) is
     vLLM's CPU platform registered through vLLM's ``vllm.platform_plugins`` entry

@@ -89,7 +89,9 @@ def _use_priority_policy(vllm_config: Any) -> None:
 class KvtetherMixin:
     """Put before vLLM's scheduler class in the bases. Holds no policy."""
 
-    kvtether: EngineAgent | None
+    # A class default: vLLM's own tests build a scheduler with object.__new__ and set
+    # only the attributes vLLM's methods read; the overrides below then step aside.
+    kvtether: EngineAgent | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = PluginSettings.from_env()
