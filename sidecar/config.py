@@ -351,8 +351,9 @@ def _describe(error: ValidationError) -> ConfigError:
 
 # KVTETHER_* variables that are not the daemon's settings: the plugin's (checked by the
 # plugin, vllm_plugin/settings.py: a daemon may share an environment with an engine),
-# `kvtether inspect`'s token, and those of the repository's scripts and tests.
-OTHER_PREFIXES = ("KVTETHER_PLUGIN_",)
+# `kvtether inspect`'s token, and those of the repository's scripts and tests (the
+# conformance run's, scripts/conformance.py, by prefix).
+OTHER_PREFIXES = ("KVTETHER_PLUGIN_", "KVTETHER_CONFORMANCE")
 OTHER_VARIABLES = frozenset({
     "KVTETHER_INSPECT_TOKEN",
     "KVTETHER_VENV", "KVTETHER_VLLM_MATRIX", "KVTETHER_TINY_MODEL_DIR",
