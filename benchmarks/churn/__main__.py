@@ -9,7 +9,7 @@ id that opens a Session stream, sends ``--reports`` step reports (agent turns ar
 running and finishing with a tool call, its timed work and counters) and leaves. One
 daemon forgets an engine ``--forget-after-s`` after it left (``engine_forget_after_s``,
 600 s by default; shortened so a run of minutes shows it); the other never does within
-the run (a day), as every daemon did before ``7439f72``. Every ``--every`` engines it
+the run (a day): a daemon that keeps every engine it ever saw. Every ``--every`` engines it
 prints, for both: the ``{engine_id}`` series on /metrics, the size of a scrape and the
 daemon's RSS. Writes benchmarks/results/churn/churn.json.
 """

@@ -456,7 +456,7 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]], baseline: str
                   ) -> dict[str, dict[str, Any]]:
     """Each policy's average job over ``baseline``'s, paired by round: the policies
     of a round run back to back, so the ratio cancels most of the machine's drift
-    between rounds (on a shared 2-core VM one policy's own rounds spread by 34-119%).
+    between rounds (a shared machine's speed moves from one round to the next).
     Mean, standard error over the rounds (0 for one round) and the rounds' ratios."""
     base = [r["avg_job_duration_s"] for r in runs.get(baseline, [])]
     paired = {}

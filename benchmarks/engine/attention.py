@@ -19,7 +19,7 @@ The engine is the engine benchmark's (``tests.support.launch``): the tiny model 
 prefix caching, vLLM's own scheduler, in this process (``vllm.LLM``). A cell's prefix
 is cached by a request of the prefix alone first; every prompt is fresh random
 tokens, so nothing else hits. Cells are taken in a new random order each repetition
-and the median kept: the VM's speed drifts within a minute.
+and the median kept: a shared machine's speed drifts within a minute.
 """
 
 from __future__ import annotations

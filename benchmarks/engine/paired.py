@@ -18,9 +18,9 @@ tells whether a policy moved the part it controls. Every figure is paired by rou
 (the policies of a round run back to back on the same arrivals) and given as mean +-
 standard error over the rounds, with the one-sided 95% upper bound.
 
-Pairing cancels the drift between rounds, not within one: on a shared VM the machine
-can run 10-20% slower during one policy's half-minute than during the next one's, and
-the job ratio follows it. The daemon learns
+Pairing cancels the drift between rounds, not within one: a shared machine can run
+slower during one policy's half-minute than during the next one's, and the job ratio
+follows it. The daemon learns
 what a prompt token costs from each run's own steps, and the report gives the policy's
 learned cost over the baseline's and the job ratio at equal learned cost
 (:func:`speed_adjusted_ratio`, a covariate adjustment). The adjustment is valid only
