@@ -133,8 +133,8 @@ class EngineAgent:
     def before_schedule(self) -> None:
         """Apply whatever the daemon answered since the last step; expire local pins.
         Requests that arrived since the last report are reported first. Fail-open,
-        their ranks are not waited for: they queue at ``UNRANKED_PRIORITY`` (behind
-        every ranked request) until the answer lands, a step or more later.
+        their ranks are not waited for: they queue at ``ranks.UNRANKED_RANK`` (behind
+        every ranked request of their client priority) until the answer lands, a step or more later.
         Fail-closed, that answer is waited for (``closed_wait_s``) before scheduling."""
         self._reported_this_step = False
         self.answer_lag.step_index += 1
